@@ -1,0 +1,210 @@
+"""Checkpoints: round trips, the `latest` pointer, and survival of a writer that dies mid-save."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from scratchlm import checkpoint as ck
+from scratchlm.config import GPTConfig
+from scratchlm.errors import UserError
+from scratchlm.model import GPT
+
+TINY = dict(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16)
+
+
+def _model(**overrides) -> GPT:
+    torch.manual_seed(0)
+    return GPT(GPTConfig(**{**TINY, **overrides}))
+
+
+def _save(run_dir, model, step, **kw):
+    return ck.save_checkpoint(run_dir, step, model.state_dict(), {"model": model.config.to_dict()}, **kw)
+
+
+@pytest.mark.parametrize("tie", [False, True])
+def test_round_trip_gives_identical_weights_and_logits(tmp_path, tie):
+    model = _model(tie_weights=tie, lm_head_bias=not tie)
+    _save(tmp_path, model, 7)
+    loaded, tokenizer, info = ck.load_model(tmp_path)
+    assert tokenizer is None and info["step"] == 7 and info["checkpoint"] == tmp_path / "ckpt-00000007"
+    ref = model.state_dict()
+    got = loaded.state_dict()
+    assert set(ref) == set(got)
+    for name in ref:
+        assert torch.equal(ref[name], got[name]), name
+    if tie:  # the tie must survive loading: one tensor, two uses
+        assert loaded.lm_head.weight is loaded.transformer.wte.weight
+    idx = torch.randint(0, 37, (2, 9))
+    model.eval()
+    assert torch.equal(model(idx)[0], loaded(idx)[0])
+
+
+def test_latest_follows_newest_and_keep_last_prunes_only_after(tmp_path):
+    model = _model()
+    for step in (10, 20, 30):
+        with torch.no_grad():
+            model.transformer.wte.weight.fill_(step)
+        _save(tmp_path, model, step, keep_last=2)
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["ckpt-00000020", "ckpt-00000030"]
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-00000030"
+    loaded, _, info = ck.load_model(tmp_path)
+    assert info["step"] == 30 and torch.all(loaded.transformer.wte.weight == 30)
+    # a checkpoint directory can be named directly too
+    _, _, info = ck.load_model(tmp_path / "ckpt-00000020")
+    assert info["step"] == 20
+
+
+def test_training_state_round_trip_including_numpy_and_rng(tmp_path):
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randint(0, 37, (2, 8)), torch.randint(0, 37, (2, 8)))[1].backward()
+    opt.step()
+    state = {
+        "step": 3,
+        "python_rng": random.getstate(),
+        "numpy_rng": np.random.get_state(),
+        "torch_rng": torch.get_rng_state(),
+        "data": {"pos": np.int64(5), "perm": np.arange(6, dtype=np.uint32)},
+    }
+    _save(tmp_path, model, 3, optimizer_state=opt.state_dict(), trainer_state=state)
+    opt_state, got = ck.load_training_state(tmp_path / "ckpt-00000003")
+    assert got["python_rng"] == state["python_rng"]
+    np_state = got["numpy_rng"]
+    assert np_state[0] == "MT19937" and np.array_equal(np_state[1], state["numpy_rng"][1])
+    assert torch.equal(got["torch_rng"], state["torch_rng"])
+    assert got["data"]["pos"] == 5 and got["data"]["perm"].dtype == np.uint32
+    for a, b in zip(opt.state_dict()["state"].values(), opt_state["state"].values()):
+        assert torch.equal(a["exp_avg"], b["exp_avg"])
+
+
+def test_loading_never_unpickles_objects(tmp_path):
+    model = _model()
+    ckpt = _save(tmp_path, model, 1, trainer_state={"step": 1}, optimizer_state={})
+    torch.save({"evil": Path("/")}, ckpt / "trainer_state.pt")  # a pickled class instance
+    with pytest.raises(UserError, match="trainer_state.pt"):
+        ck.load_training_state(ckpt)
+
+
+def test_truncated_or_mismatched_files_name_the_file(tmp_path):
+    model = _model()
+    ckpt = _save(tmp_path, model, 1)
+    weights = ckpt / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(UserError, match="model.safetensors"):
+        ck.load_model(ckpt)
+    weights.write_bytes(data)
+    cfg = json.loads((ckpt / "config.json").read_text())
+    cfg["model"]["n_embd"] = 32
+    (ckpt / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(UserError, match=r"model.safetensors.*config.json"):
+        ck.load_model(ckpt)
+    (ckpt / "config.json").write_text('{"model": {')
+    with pytest.raises(UserError, match="config.json"):
+        ck.load_model(ckpt)
+    (ckpt / "config.json").unlink()
+    with pytest.raises(UserError, match="config.json"):
+        ck.load_model(ckpt)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UserError, match="no checkpoint"):
+        ck.load_model(empty)
+
+
+def test_writer_failing_halfway_leaves_latest_loadable(tmp_path, monkeypatch):
+    model = _model()
+    _save(tmp_path, model, 10, optimizer_state={"a": torch.zeros(3)}, trainer_state={"step": 10})
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+
+    def half_write_then_die(obj, path):
+        with open(path, "wb") as f:
+            f.write(b"PK\x03\x04 half a zip")
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(ck, "_torch_save_durably", half_write_then_die)
+    with torch.no_grad():
+        model.transformer.wte.weight.add_(1.0)
+    with pytest.raises(OSError, match="injected"):
+        _save(tmp_path, model, 20, optimizer_state={"a": torch.zeros(3)}, trainer_state={"step": 20})
+    assert (tmp_path / "latest").read_text().strip() == "ckpt-00000010"
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["ckpt-00000010"]
+    loaded, _, info = ck.load_model(tmp_path)
+    assert info["step"] == 10
+    for name, tensor in loaded.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+    monkeypatch.undo()
+    _save(tmp_path, model, 20, optimizer_state={}, trainer_state={"step": 20})
+    assert not list(tmp_path.glob(".tmp-*"))  # the next save cleans the leftovers
+    assert ck.load_model(tmp_path)[2]["step"] == 20
+
+
+_SAVER = textwrap.dedent(
+    """
+    import sys, torch
+    from scratchlm import checkpoint as ck
+    from scratchlm.config import GPTConfig
+    from scratchlm.model import GPT
+    run_dir = sys.argv[1]
+    model = GPT(GPTConfig(vocab_size=4096, block_size=64, n_layer=2, n_head=4, n_embd=128))
+    state = model.state_dict()
+    step = 0
+    print("ready", flush=True)
+    while True:
+        step += 1
+        with torch.no_grad():
+            for t in state.values():
+                t.fill_(step)  # every tensor of checkpoint k holds the value k
+        ck.save_checkpoint(run_dir, step, state, {"model": model.config.to_dict()},
+                           optimizer_state={"m": torch.full((200000,), float(step))},
+                           trainer_state={"step": step}, keep_last=2)
+    """
+)
+
+
+@pytest.mark.slow
+def test_sigkill_at_random_instants_leaves_latest_loadable(tmp_path):
+    """Kill a process that saves in a loop at random moments; `latest` must always load whole."""
+    rng = random.Random(1234)
+    run_dir = tmp_path / "run"
+    script = tmp_path / "saver.py"
+    script.write_text(_SAVER)
+    checked = 0
+    for _ in range(6):
+        proc = subprocess.Popen([sys.executable, str(script), str(run_dir)], stdout=subprocess.PIPE)
+        assert proc.stdout.readline().strip() == b"ready"
+        time.sleep(rng.uniform(0.2, 0.8))
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        if ck.latest_checkpoint(run_dir) is None:
+            continue
+        model, _, info = ck.load_model(run_dir)
+        step = info["step"]
+        for name, tensor in model.state_dict().items():
+            assert torch.all(tensor == step), f"{name} mixes checkpoints"
+        opt_state, trainer_state = ck.load_training_state(info["checkpoint"])
+        assert trainer_state["step"] == step and torch.all(opt_state["m"] == step)
+        checked += 1
+    assert checked >= 3
+
+
+def test_save_model_checkpoint_is_loadable_and_refuses_to_overwrite(tmp_path):
+    model = _model(tie_weights=True)
+    out = ck.save_model_checkpoint(model, None, tmp_path / "imported", extra_config={"source": "test"})
+    loaded, tok, info = ck.load_model(out)
+    assert tok is None and info["step"] is None and info["config"]["source"] == "test"
+    assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
+    with pytest.raises(UserError, match="not empty"):
+        ck.save_model_checkpoint(model, None, out)
+    ck.save_model_checkpoint(model, None, out, overwrite=True)
