@@ -1,0 +1,1068 @@
+"""Training: `train(cfg)` runs the loop from raw text to a saved, evaluated model.
+
+One step (S17, S18):
+
+    for each of grad_accum micro-batches:  x, y (B, T) -> model -> loss / grad_accum -> backward
+    clip the gradient norm to grad_clip, set the learning rate from the schedule, AdamW step,
+    zero_grad(set_to_none)
+
+around it: warmup then cosine (or linear) decay, mixed precision (bf16 autocast on CPU/CUDA, fp16
+with a gradient scaler on CUDA), optional torch.compile and activation checkpointing, evaluation
+(validation loss, perplexity, bits per byte, a short sample), model FLOPs utilisation, atomic
+checkpoints with exact resume, skipping of non-finite steps (S19), and multi-process training with
+DistributedDataParallel or FSDP2 when launched by torchrun. The same function runs under plain
+`python` and under `torchrun`; it reads its settings from `TrainConfig`, never from sys.argv.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import sys
+import time
+from contextlib import nullcontext
+from dataclasses import MISSING, asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from scratchlm import checkpoint as ckpt_io
+from scratchlm.config import GPTConfig
+from scratchlm.errors import ConfigError, UserError
+from scratchlm.model import GPT
+
+LR_SCHEDULES = ("cosine", "linear", "constant")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run. Saved inside every checkpoint (as "train")."""
+
+    # --- model ---
+    model: str = "smoke"
+    """Model preset name (see scratchlm.config.PRESETS); its fields can be changed with model_overrides."""
+    model_overrides: dict[str, Any] = field(default_factory=dict)
+    """GPTConfig fields to change from the preset (on the command line: --n_layer 6, --block_size 64 ...).
+    vocab_size is not among them: the model's vocabulary is the tokenizer's."""
+    pad_vocab_multiple: int = 1
+    """Round the model's vocab_size up to a multiple of this (64 makes GPU matmuls faster); 1 keeps it."""
+
+    # --- data and tokenizer ---
+    data: str = "shakespeare"
+    """Training text: `shakespeare` (the built-in corpus) or a path to a text file or a folder of them."""
+    tokenizer: str = "char"
+    """Tokenizer kind: `char`, `bpe` (trained on the data) or `gpt2`."""
+    vocab_size: int | None = None
+    """Size of a `bpe` tokenizer to train (None: the data module's default)."""
+    tokenizer_file: str | None = None
+    """A saved tokenizer to use instead of training one."""
+    val_fraction: float = 0.1
+    """Share of the data held out for validation."""
+    data_cache: str | None = None
+    """Where prepared data is cached (None: ~/.cache/scratchlm/data or $SCRATCHLM_CACHE)."""
+
+    # --- optimisation ---
+    batch_size: int = 12
+    """B: sequences per micro-batch on each process."""
+    grad_accum: int = 1
+    """Micro-batches whose gradients are summed before each optimizer step."""
+    max_steps: int = 2000
+    """Optimizer steps to run."""
+    lr: float = 3e-4
+    """Peak learning rate (S17's default 3e-4)."""
+    min_lr: float = 3e-5
+    """Learning rate at the end of the decay."""
+    warmup_steps: int = 100
+    """Steps of linear warmup from 0 to lr."""
+    lr_schedule: str = "cosine"
+    """After warmup: `cosine` or `linear` decay to min_lr, or `constant`."""
+    decay_steps: int | None = None
+    """Step at which the decay reaches min_lr (None: max_steps)."""
+    weight_decay: float = 0.1
+    """AdamW's decoupled weight decay, applied to matrices only (Linear weights and embedding
+    tables); biases and norm gains are not decayed."""
+    beta1: float = 0.9
+    """AdamW beta1."""
+    beta2: float = 0.99
+    """AdamW beta2."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 disables clipping)."""
+
+    # --- speed and precision ---
+    dtype: str = "float32"
+    """Compute precision: `float32`, `bfloat16` (autocast, CPU or CUDA) or `float16` (CUDA, with gradient scaling)."""
+    compile: bool = False
+    """Compile the model with torch.compile (slow start, faster steps)."""
+    activation_checkpointing: bool = False
+    """Recompute each block's activations during backward instead of storing them (less memory)."""
+    device: str = "auto"
+    """`auto` (cuda, then mps, then cpu), or a torch device such as `cpu`, `cuda`, `cuda:1`."""
+    threads: int | None = None
+    """CPU threads for torch (None: torch's default)."""
+    seed: int = 1337
+    """Seed for initialisation, batches, dropout and samples."""
+    fsdp: bool = False
+    """Under torchrun: shard parameters, gradients and optimizer state with FSDP2 instead of DDP."""
+
+    # --- evaluation, logging, saving ---
+    eval_interval: int = 250
+    """Evaluate every this many steps (and at the end); 0 evaluates only at the end."""
+    eval_iters: int = 50
+    """Validation batches per evaluation."""
+    log_interval: int = 50
+    """Log the training loss at step 1 and every this many steps."""
+    sample_interval: int = 0
+    """Print a short sample every this many steps (0: with every evaluation)."""
+    sample_tokens: int = 120
+    """Tokens per printed sample (0 disables samples)."""
+    checkpoint_interval: int = 1000
+    """Save a checkpoint every this many steps (and at the end)."""
+    keep_last: int = 0
+    """Keep only the newest K checkpoints (0 keeps all)."""
+    max_bad_steps: int = 5
+    """Stop after this many non-finite-loss steps in a row (each such step is skipped)."""
+    out_dir: str | None = None
+    """Run directory (None: runs/<preset>-<time>). An existing run is never overwritten."""
+    resume: str | None = None
+    """Continue the run in this directory from its latest checkpoint."""
+    progress: str = "auto"
+    """`auto` (a progress bar on a terminal, log lines otherwise), `bar`, `lines` or `quiet`."""
+    preset: str | None = None
+    """The training preset this config came from (informational)."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "pad_vocab_multiple", "max_bad_steps"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ConfigError(name, f"must be a positive whole number, got {value!r}")
+        for name in ("warmup_steps", "eval_interval", "log_interval", "sample_interval", "sample_tokens",
+                     "checkpoint_interval", "keep_last"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise ConfigError(name, f"must be a whole number >= 0, got {value!r}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
+        if self.dtype not in DTYPES:
+            raise ConfigError("dtype", f"unknown {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if not self.lr > 0 or self.min_lr < 0:
+            raise ConfigError("lr", "lr must be positive and min_lr >= 0")
+        if not 0 < self.val_fraction < 1:
+            raise ConfigError("val_fraction", f"must be between 0 and 1, got {self.val_fraction}")
+        if self.progress not in ("auto", "bar", "lines", "quiet"):
+            raise ConfigError("progress", "choose one of auto, bar, lines, quiet")
+        if "vocab_size" in self.model_overrides:
+            raise ConfigError("vocab_size", "the model's vocab_size comes from the tokenizer; set pad_vocab_multiple instead")
+
+    def model_config(self, vocab_size: int) -> GPTConfig:
+        return GPTConfig.from_name(self.model, **{**self.model_overrides, "vocab_size": vocab_size})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ConfigError(unknown[0], "not a training config field")
+        return cls(**values)
+
+
+# The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
+_BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, activation="gelu", init="gpt2")
+
+TRAIN_PRESETS: dict[str, dict[str, Any]] = {
+    "shakespeare-char": dict(
+        model="smoke", model_overrides=_BABY, tokenizer="char", data="shakespeare",
+        batch_size=12, max_steps=2000, lr=1e-3, min_lr=1e-4, warmup_steps=100, beta2=0.99,
+        eval_interval=250, eval_iters=100, log_interval=50, checkpoint_interval=500,
+    ),
+    # The seed's smoke model (13,356,928 parameters) on GPT-2 BPE tokens, a few hundred steps.
+    "smoke": dict(
+        model="smoke", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=4, max_steps=200,
+        lr=3e-4, min_lr=3e-5, warmup_steps=20, eval_interval=100, eval_iters=20, log_interval=10,
+        checkpoint_interval=100,
+    ),
+    # GPT-2 small, nanoGPT-style: about 0.5M tokens per step with grad_accum 40 on one GPU.
+    "gpt2-124m": dict(
+        model="gpt2-124m", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=12, grad_accum=40,
+        max_steps=600000, lr=6e-4, min_lr=6e-5, warmup_steps=2000, beta2=0.95, weight_decay=0.1,
+        dtype="bfloat16", compile=True, eval_interval=1000, eval_iters=200, log_interval=10,
+        checkpoint_interval=1000, keep_last=3,
+    ),
+    # The seed's default size (about 400M parameters): activation checkpointing to fit memory.
+    "seed-400m": dict(
+        model="seed-400m", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=8, grad_accum=16,
+        max_steps=100000, lr=3e-4, min_lr=3e-5, warmup_steps=2000, beta2=0.95, dtype="bfloat16",
+        compile=True, activation_checkpointing=True, eval_interval=1000, eval_iters=100,
+        log_interval=10, checkpoint_interval=1000, keep_last=3,
+    ),
+}
+
+
+def config_from_preset(name: str, **overrides: Any) -> TrainConfig:
+    """The training preset `name` with fields changed; model field overrides merge, not replace."""
+    if name not in TRAIN_PRESETS:
+        raise ConfigError("preset", f"unknown training preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+    values = {**TRAIN_PRESETS[name], "preset": name}
+    model_overrides = {**values.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
+    return TrainConfig.from_dict({**values, **overrides, "model_overrides": model_overrides})
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    """Optimizer steps done (including skipped non-finite steps)."""
+    tokens_seen: int
+    losses: dict[int, float]
+    """Training loss (averaged over processes) of every step this call ran."""
+    val_loss: float | None
+    val_bpb: float | None
+    elapsed_s: float
+    tokens_per_s: float
+    bad_steps: int
+    stopped: bool = False
+    """True when a signal or on_step stopped the run early (a checkpoint was saved)."""
+    sample: str | None = None
+
+
+# --------------------------------------------------------------------------------------------
+# Learning rate
+# --------------------------------------------------------------------------------------------
+
+
+def learning_rate(step: int, cfg: TrainConfig) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.lr_schedule == "constant":
+        return cfg.lr
+    end = cfg.decay_steps or cfg.max_steps
+    if step >= end:
+        return cfg.min_lr
+    progress = (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps)  # 0 -> 1
+    if cfg.lr_schedule == "cosine":
+        return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
+    return cfg.lr - progress * (cfg.lr - cfg.min_lr)
+
+
+# --------------------------------------------------------------------------------------------
+# Devices, processes, precision
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _setup_processes(cfg: TrainConfig) -> tuple[_Dist, torch.device]:
+    """Join torchrun's process group when its environment variables are set; pick the device."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    dist_info = _Dist(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
+    if cfg.device == "auto":
+        if torch.cuda.is_available():
+            kind = "cuda"
+        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available() and world == 1:
+            kind = "mps"
+        else:
+            kind = "cpu"
+    else:
+        kind = cfg.device
+    device = torch.device(f"cuda:{dist_info.local_rank}" if kind == "cuda" and world > 1 else kind)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"--device {cfg.device}: CUDA is not available on this machine; use --device cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    if world > 1:
+        import torch.distributed as dist
+
+        if not dist.is_initialized():
+            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    return dist_info, device
+
+
+def _autocast(device: torch.device, dtype: str):
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+def _all_mean(value: torch.Tensor, d: _Dist) -> torch.Tensor:
+    """The average of a scalar tensor over all processes (itself when there is one)."""
+    if not d.enabled:
+        return value
+    import torch.distributed as dist
+
+    value = value.detach().clone().float()
+    dist.all_reduce(value, op=dist.ReduceOp.SUM)
+    return value / d.world_size
+
+
+def _any_rank(flag: bool, d: _Dist, device: torch.device) -> bool:
+    if not d.enabled:
+        return flag
+    import torch.distributed as dist
+
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def _gather_objects(obj: Any, d: _Dist) -> list[Any]:
+    if not d.enabled:
+        return [obj]
+    import torch.distributed as dist
+
+    out: list[Any] = [None] * d.world_size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# FLOPs and MFU
+# --------------------------------------------------------------------------------------------
+
+# Dense peak FLOP/s per GPU for (16-bit, 32-bit) matmuls; the 32-bit figure assumes TF32 is off.
+_GPU_PEAKS = {
+    "H200": (989e12, 67e12),
+    "H100": (989e12, 67e12),
+    "A100": (312e12, 19.5e12),
+    "A10G": (125e12, 31.2e12),
+    "A10": (125e12, 31.2e12),
+    "L40S": (362e12, 91.6e12),
+    "L4": (121e12, 30.3e12),
+    "V100": (125e12, 15.7e12),
+    "T4": (65e12, 8.1e12),
+    "RTX 4090": (165e12, 82.6e12),
+    "RTX 3090": (71e12, 35.6e12),
+}
+
+
+def flops_per_token(config: GPTConfig, n_params: int) -> float:
+    """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's score and
+    weighted-sum matmuls, 12 * N * C * T (the PaLM appendix B estimate)."""
+    return 6 * n_params + 12 * config.n_layer * config.n_embd * config.block_size
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("SCRATCHLM_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "scratchlm"
+
+
+def _measure_cpu_peak(dtype: torch.dtype, seconds: float = 0.25) -> float:
+    n = 512
+    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+    a @ b  # warm the kernels up
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        reps += 1
+    return 2 * n**3 * reps / (time.perf_counter() - start)
+
+
+def device_peak_flops(device: torch.device, dtype: str) -> float | None:
+    """Peak matmul FLOP/s of the device: a table for GPUs, a short cached probe on CPUs."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        for key, (half, single) in _GPU_PEAKS.items():
+            if key in name:
+                return half if dtype != "float32" else single
+        return None
+    if device.type != "cpu":
+        return None
+    probe_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
+    key = f"{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{probe_dtype}"
+    path = _cache_dir() / "cpu_peak.json"
+    try:
+        table = json.loads(path.read_text())
+    except (OSError, ValueError):
+        table = {}
+    if key not in table:
+        # A measured peak, not a datasheet one: MFU on CPU says how close the run comes to this
+        # machine's own best large matmul, which is the useful question there.
+        with torch.random.fork_rng(devices=[]):
+            table[key] = _measure_cpu_peak(getattr(torch, probe_dtype))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(table, indent=1))
+            os.replace(tmp, path)
+        except OSError:
+            pass  # a read-only home only costs a re-measurement next time
+    return table[key]
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+# --------------------------------------------------------------------------------------------
+# Optimizer
+# --------------------------------------------------------------------------------------------
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
+    """AdamW with decay on matrices (every parameter of 2 or more dimensions) only."""
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # a tied matrix appears once
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    extra: dict[str, Any] = {}
+    if cfg.fsdp:
+        extra["foreach"] = True  # sharded (DTensor) parameters: the foreach path supports them everywhere
+    elif device.type in ("cuda", "cpu"):
+        extra["fused"] = True  # one kernel for all parameters instead of one per tensor
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
+
+
+# --------------------------------------------------------------------------------------------
+# Data
+# --------------------------------------------------------------------------------------------
+
+
+def _data_config(cfg: TrainConfig, block_size: int | None = None):
+    from scratchlm.data import DataConfig
+
+    values: dict[str, Any] = dict(data=cfg.data, tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction,
+                                  block_size=block_size)
+    if cfg.vocab_size is not None:
+        values["vocab_size"] = cfg.vocab_size
+    if cfg.tokenizer_file is not None:
+        values["tokenizer_file"] = cfg.tokenizer_file
+    return DataConfig(**values)
+
+
+def _prepare_data(cfg: TrainConfig, d: _Dist, block_size: int) -> Path:
+    """Prepare (or find) the token shards; rank 0 first so processes never race on the cache."""
+    from scratchlm.data import ensure_prepared
+
+    data_cfg = _data_config(cfg, block_size)
+    cache = Path(cfg.data_cache) if cfg.data_cache else None
+    if d.enabled:
+        import torch.distributed as dist
+
+        if d.is_main:
+            prepared = ensure_prepared(data_cfg, cache)
+        dist.barrier()
+        if not d.is_main:
+            prepared = ensure_prepared(data_cfg, cache)
+        return Path(prepared)
+    return Path(ensure_prepared(data_cfg, cache))
+
+
+# --------------------------------------------------------------------------------------------
+# Progress and records
+# --------------------------------------------------------------------------------------------
+
+
+class _RankBatches:
+    """This process's share of each global batch: rows rank, rank + W, ... of a (B * W, T) batch.
+
+    Every process draws the same global batch from the same seeded stream and keeps its rows, so
+    W processes with batch B see exactly the rows one process with batch B * W would, and their
+    averaged loss and gradient equal that one process's (up to summation order).
+    """
+
+    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: _Dist):
+        from scratchlm.data import BatchStream
+
+        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
+        self.rank, self.world_size = d.rank, d.world_size
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.stream.next_batch()  # (B * W, T) each
+        return x[self.rank :: self.world_size], y[self.rank :: self.world_size]  # (B, T) each
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+
+
+class _Reporter:
+    """Log lines or a tqdm bar on the main process; every record also goes to metrics.jsonl."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool, start_step: int):
+        self.is_main = is_main
+        self.metrics_path = run_dir / "metrics.jsonl"
+        mode = cfg.progress
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "lines"
+        self.mode = mode if is_main else "quiet"
+        self.bar = None
+        if self.mode == "bar":
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=cfg.max_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+
+    def record(self, event: str, **values: Any) -> None:
+        if not self.is_main:
+            return
+        line = json.dumps({"event": event, **values, "time": time.time()})
+        with open(self.metrics_path, "a", encoding="utf-8") as f:
+            f.write(line + "\n")
+
+    def say(self, text: str) -> None:
+        if self.mode == "quiet":
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def progress(self, step: int, loss: float, lr: float, tok_s: float) -> None:
+        if self.bar is not None:
+            self.bar.n = step
+            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            self.bar.refresh()
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation and samples
+# --------------------------------------------------------------------------------------------
+
+
+@torch.no_grad()
+def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _Dist) -> float:
+    """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
+    drawn from a stream of its own so the training stream and RNGs are untouched."""
+    stream = _RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
+    was_training = model.training
+    model.eval()
+    total = torch.zeros((), device=device)
+    for _ in range(cfg.eval_iters):
+        x, y = stream.next_batch()
+        with _autocast(device, cfg.dtype):
+            _, loss = model(x.to(device), y.to(device))
+        total += loss.float()
+    model.train(was_training)
+    return float(_all_mean(total / cfg.eval_iters, d))
+
+
+@torch.no_grad()
+def sample_ids(model: GPT, start: list[int], n: int, *, temperature: float = 0.8, top_k: int | None = 40,
+               seed: int = 0, device="cpu") -> list[int]:
+    """A plain temperature/top-k sampler (S20) with its own generator, for progress samples.
+
+    The full sampler lives in scratchlm.generate; this one exists so training never depends on it.
+    """
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    idx = torch.tensor([start], dtype=torch.long, device=device)  # (1, T)
+    block = model.config.block_size
+    for _ in range(n):
+        logits, _ = model(idx[:, -block:])  # crop to the context: (1, T', V)
+        logits = logits[0, -1].float() / temperature  # (V,)
+        if top_k is not None and top_k < logits.numel():
+            kth = torch.topk(logits, top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        probs = F.softmax(logits, dim=-1).cpu()
+        nxt = torch.multinomial(probs, 1, generator=gen).item()
+        idx = torch.cat([idx, torch.tensor([[nxt]], device=device)], dim=1)
+    return idx[0, len(start):].tolist()
+
+
+def _sample_text(model: GPT, tokenizer, n: int, seed: int, device) -> str:
+    was_training = model.training
+    model.eval()
+    try:
+        ids = sample_ids(model, [tokenizer.bos_id], n, seed=seed, device=device)
+    finally:
+        model.train(was_training)
+    return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
+
+
+# --------------------------------------------------------------------------------------------
+# Run directory and resume state
+# --------------------------------------------------------------------------------------------
+
+
+def _rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    np.random.set_state(_as_tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _default_run_dir(cfg: TrainConfig) -> Path:
+    return Path("runs") / f"{cfg.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        raise UserError(
+            f"{run_dir} already holds files (a run?); pass --resume {run_dir} to continue it, "
+            "or choose another --out_dir"
+        )
+
+
+def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
+    """The training config saved in a run's latest checkpoint, with some fields changed."""
+    ckpt = ckpt_io.latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise UserError(f"{run_dir}: no checkpoint to resume from")
+    saved = ckpt_io.read_config(ckpt).get("train")
+    if not isinstance(saved, dict):
+        raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")
+    model_overrides = {**saved.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
+    return TrainConfig.from_dict({**saved, **overrides, "model_overrides": model_overrides, "resume": str(run_dir)})
+
+
+class _StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current step (and save);
+    a second Ctrl-C interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "_StopRequest":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+# --------------------------------------------------------------------------------------------
+# The loop
+# --------------------------------------------------------------------------------------------
+
+
+def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | None = None) -> TrainResult:
+    """Train a model as `cfg` says; return where it went and how it did.
+
+    on_step(step, record) is called on the main process after every step; returning True stops
+    the run as a signal would (a checkpoint is saved first).
+    """
+    cfg.validate()
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    d, device = _setup_processes(cfg)
+    try:
+        return _train(cfg, d, device, on_step)
+    finally:
+        if d.enabled:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainResult:
+    from scratchlm.data import read_shard
+    from scratchlm.tokenizer import load_tokenizer
+
+    if cfg.dtype == "float16" and device.type != "cuda":
+        raise UserError("--dtype float16 needs a CUDA device (gradient scaling); use bfloat16 on CPU")
+
+    # --- run directory ---
+    resume_ckpt = None
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        if cfg.out_dir and Path(cfg.out_dir).resolve() != run_dir.resolve():
+            raise UserError("--resume continues the run in its own directory; drop --out_dir or make them equal")
+        resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
+        if resume_ckpt is None:
+            raise UserError(f"{run_dir}: no complete checkpoint to resume from")
+    else:
+        run_dir = Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg)
+        if d.is_main:
+            _check_fresh_run_dir(run_dir)
+            run_dir.mkdir(parents=True, exist_ok=True)
+    cfg.out_dir = str(run_dir)
+
+    # --- data and tokenizer ---
+    if resume_ckpt is not None:
+        block_size = int(ckpt_io.read_config(resume_ckpt)["model"]["block_size"])
+    else:
+        block_size = GPTConfig.from_name(cfg.model, **cfg.model_overrides).block_size
+    prepared = _prepare_data(cfg, d, block_size)
+    meta = json.loads((prepared / "meta.json").read_text(encoding="utf-8"))
+    tokenizer = load_tokenizer(prepared / "tokenizer")
+    train_tokens = read_shard(prepared / "train.bin")
+    val_tokens = read_shard(prepared / "val.bin")
+    bytes_per_token = meta["val_bytes"] / max(1, meta["val_tokens"])
+
+    # --- model ---
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    vocab = tokenizer.vocab_size
+    if cfg.pad_vocab_multiple > 1:
+        vocab = -(-vocab // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+    if resume_ckpt is not None:
+        model, _, info = ckpt_io.load_model(resume_ckpt, device="cpu")
+        model_config = info["model_config"]
+        if model_config.vocab_size < tokenizer.vocab_size:
+            raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
+    else:
+        model_config = cfg.model_config(vocab)
+        model = GPT(model_config)
+    if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
+        torch.manual_seed(cfg.seed + d.rank)
+    model.to(device).train()
+    model.gradient_checkpointing = cfg.activation_checkpointing
+    raw_model = model
+    n_params = raw_model.num_params(embeddings=False)
+    if cfg.fsdp and d.enabled:
+        model = _apply_fsdp(model, device, d)
+    elif d.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    forward = torch.compile(model) if cfg.compile else model
+    optimizer = make_optimizer(model, cfg, device)
+    scaler = torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16")
+    stream = _RankBatches(train_tokens, cfg.batch_size, block_size, cfg.seed, d)
+
+    step, tokens_seen, bad_in_row, bad_total, elapsed_before = 0, 0, 0, 0, 0.0
+    last_good_ckpt = resume_ckpt
+    if resume_ckpt is not None:
+        optimizer_state, state = ckpt_io.load_training_state(resume_ckpt)
+        if cfg.fsdp and d.enabled:
+            _fsdp_load_optimizer(model, optimizer, optimizer_state)
+        else:
+            optimizer.load_state_dict(optimizer_state["optimizer"])
+        if optimizer_state.get("scaler"):
+            scaler.load_state_dict(optimizer_state["scaler"])
+        step, tokens_seen = state["step"], state["tokens_seen"]
+        bad_in_row, bad_total = state["bad_in_row"], state["bad_total"]
+        elapsed_before = state.get("elapsed_s", 0.0)
+        per_rank = state["ranks"]
+        mine = per_rank[d.rank] if len(per_rank) == d.world_size else per_rank[0]
+        stream.load_state_dict(mine["data"])
+        _set_rng_state(mine["rng"])
+
+    if d.is_main and resume_ckpt is None:
+        ckpt_io.save_tokenizer(tokenizer, run_dir)
+    reporter = _Reporter(cfg, run_dir, d.is_main, step)
+    tokens_per_step = cfg.batch_size * block_size * cfg.grad_accum * d.world_size
+    peak = device_peak_flops(device, cfg.dtype) if d.is_main else None
+    flops_step = flops_per_token(model_config, n_params) * tokens_per_step / d.world_size  # per device
+    reporter.record("start" if resume_ckpt is None else "resume", step=step, config=cfg.to_dict(),
+                    model=model_config.to_dict(), params=raw_model.num_params(), data_dir=str(prepared),
+                    world_size=d.world_size, device=str(device))
+    reporter.say(
+        f"run {run_dir}: {raw_model.num_params():,} parameters, {meta['train_tokens']:,} training tokens, "
+        f"{tokens_per_step:,} tokens/step, device {device}" + (f" x{d.world_size}" if d.enabled else "")
+        + (f", resuming at step {step}" if resume_ckpt is not None else "")
+    )
+
+    def save(at_step: int) -> Path | None:
+        model_state, optimizer_state = _full_states(raw_model, model, optimizer, cfg, d)
+        ranks = _gather_objects({"rng": _rng_state(), "data": stream.state_dict()}, d)
+        path = None
+        if d.is_main:
+            trainer_state = {"step": at_step, "tokens_seen": tokens_seen, "bad_in_row": bad_in_row,
+                             "bad_total": bad_total, "elapsed_s": elapsed_before + (time.perf_counter() - t_start),
+                             "ranks": ranks}
+            config = {"model": model_config.to_dict(), "train": cfg.to_dict(),
+                      "data": _jsonable(asdict(_data_config(cfg))), "tokenizer": {
+                          "kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+                          "bos_id": tokenizer.bos_id, "eos_id": tokenizer.eos_id}}
+            path = ckpt_io.save_checkpoint(
+                run_dir, at_step, model_state, config,
+                optimizer_state={"optimizer": optimizer_state, "scaler": scaler.state_dict() if scaler.is_enabled() else None},
+                trainer_state=trainer_state, keep_last=cfg.keep_last or None,
+            )
+            reporter.record("checkpoint", step=at_step, path=str(path))
+        if d.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return path
+
+    def run_eval(at_step: int) -> tuple[float, float]:
+        val_loss = evaluate(model, val_tokens, cfg, block_size, device, d)
+        bpb = val_loss / math.log(2) / bytes_per_token
+        reporter.record("eval", step=at_step, tokens=tokens_seen, val_loss=val_loss,
+                        val_ppl=math.exp(min(val_loss, 50.0)), val_bpb=bpb)
+        reporter.say(f"step {at_step}: val loss {val_loss:.4f}, perplexity {math.exp(min(val_loss, 50.0)):.2f}, "
+                     f"bits/byte {bpb:.4f}")
+        return val_loss, bpb
+
+    def run_sample(at_step: int) -> str | None:
+        if cfg.sample_tokens == 0 or (cfg.fsdp and d.enabled) or not d.is_main:
+            return None
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            text = _sample_text(raw_model, tokenizer, cfg.sample_tokens, cfg.seed + at_step, device)
+        reporter.record("sample", step=at_step, text=text)
+        reporter.say(f"--- sample at step {at_step} ---\n{text}\n---")
+        return text
+
+    losses: dict[int, float] = {}
+    val_loss = bpb = None
+    sample = None
+    stopped = False
+    t_start = time.perf_counter()
+    t_last, tokens_last = t_start, tokens_seen
+    start_step = step
+    try:
+        with _StopRequest() as stop:
+            while step < cfg.max_steps:
+                lr = learning_rate(step, cfg)
+                for group in optimizer.param_groups:
+                    group["lr"] = lr
+                loss_sum = torch.zeros((), device=device)
+                for micro in range(cfg.grad_accum):
+                    x, y = stream.next_batch()
+                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                    # DDP: only the last micro-batch's backward needs the gradient all-reduce
+                    sync = nullcontext() if (not d.enabled or cfg.fsdp or micro == cfg.grad_accum - 1) else model.no_sync()
+                    with sync:
+                        with _autocast(device, cfg.dtype):
+                            _, loss = forward(x, y)
+                        scaler.scale(loss / cfg.grad_accum).backward()
+                    loss_sum += loss.detach().float()
+                step += 1
+                tokens_seen += tokens_per_step
+                loss_avg = _all_mean(loss_sum / cfg.grad_accum, d)
+                if scaler.is_enabled():
+                    scaler.unscale_(optimizer)
+                if cfg.grad_clip > 0:
+                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+                else:
+                    norm = torch.zeros((), device=device)
+                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+                finite = bool(torch.isfinite(loss_avg)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
+                if finite:
+                    scaler.step(optimizer)
+                    scaler.update()
+                    bad_in_row = 0
+                else:
+                    # S19: a non-finite loss poisons the weights; skip the update and count it
+                    bad_in_row += 1
+                    bad_total += 1
+                    if scaler.is_enabled():
+                        scaler.update()
+                    reporter.record("bad_step", step=step, loss=str(float(loss_avg)), in_a_row=bad_in_row)
+                    reporter.say(f"step {step}: non-finite loss ({float(loss_avg)}), update skipped "
+                                 f"({bad_in_row} in a row)")
+                optimizer.zero_grad(set_to_none=True)
+                loss_value = float(loss_avg)
+                losses[step] = loss_value
+                if bad_in_row >= cfg.max_bad_steps:
+                    where = f"the last good checkpoint is {last_good_ckpt}" if last_good_ckpt else "no checkpoint was saved yet"
+                    raise UserError(
+                        f"training stopped at step {step}: the loss was not finite for {bad_in_row} steps in a row; "
+                        f"{where}. Lower --lr, use --dtype float32 or check the data"
+                    )
+
+                now = time.perf_counter()
+                record = {"step": step, "loss": loss_value, "lr": lr, "tokens": tokens_seen}
+                if step == start_step + 1 or step % cfg.log_interval == 0 or step == cfg.max_steps:
+                    dt = now - t_last
+                    tok_s = (tokens_seen - tokens_last) / dt if dt > 0 else 0.0
+                    t_last, tokens_last = now, tokens_seen
+                    mfu = (flops_step * tok_s / tokens_per_step) / peak if peak else None
+                    record.update(tokens_per_s=tok_s, grad_norm=float(norm), mfu=mfu)
+                    reporter.record("train", **record)
+                    eta = (cfg.max_steps - step) * tokens_per_step / tok_s if tok_s else 0.0
+                    reporter.say(f"step {step}/{cfg.max_steps}: loss {loss_value:.4f}, lr {lr:.2e}, "
+                                 f"{tok_s:,.0f} tokens/s" + (f", MFU {100 * mfu:.1f}%" if mfu else "")
+                                 + f", ETA {eta:.0f}s")
+                    reporter.progress(step, loss_value, lr, tok_s)
+                elif reporter.bar is not None:
+                    reporter.progress(step, loss_value, lr, (tokens_seen - tokens_last) / max(now - t_last, 1e-9))
+
+                last = step == cfg.max_steps
+                if (cfg.eval_interval and step % cfg.eval_interval == 0) or last:
+                    val_loss, bpb = run_eval(step)
+                    if cfg.sample_interval == 0:
+                        sample = run_sample(step)
+                if cfg.sample_interval and step % cfg.sample_interval == 0:
+                    sample = run_sample(step)
+                if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or last:
+                    if bad_in_row == 0:
+                        last_good_ckpt = save(step)
+
+                hook_stop = bool(on_step(step, record)) if (on_step is not None and d.is_main) else False
+                if _any_rank(stop.requested or hook_stop, d, device) and not last:
+                    why = stop.signal_name or "a stop request"
+                    last_good_ckpt = save(step)
+                    reporter.record("stopped", step=step, reason=why)
+                    reporter.say(f"stopped at step {step} by {why}; saved {last_good_ckpt}. "
+                                 f"Continue with: scratchlm train --resume {run_dir}")
+                    stopped = True
+                    break
+    finally:
+        reporter.close()
+
+    elapsed = time.perf_counter() - t_start
+    done_tokens = (step - start_step) * tokens_per_step
+    result = TrainResult(
+        run_dir=run_dir, step=step, tokens_seen=tokens_seen, losses=losses, val_loss=val_loss, val_bpb=bpb,
+        elapsed_s=elapsed, tokens_per_s=done_tokens / elapsed if elapsed > 0 else 0.0, bad_steps=bad_total,
+        stopped=stopped, sample=sample,
+    )
+    reporter.record("end", step=step, elapsed_s=elapsed, tokens_per_s=result.tokens_per_s, val_loss=val_loss,
+                    val_bpb=bpb, bad_steps=bad_total, stopped=stopped)
+    if not stopped:
+        reporter.say(f"done: {step} steps in {elapsed:.1f}s ({result.tokens_per_s:,.0f} tokens/s), "
+                     f"val loss {val_loss:.4f}; checkpoint in {run_dir}" if val_loss is not None else
+                     f"done: {step} steps; checkpoint in {run_dir}")
+    return result
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+# --------------------------------------------------------------------------------------------
+# FSDP2 and full state dicts
+# --------------------------------------------------------------------------------------------
+
+
+def _apply_fsdp(model: GPT, device: torch.device, d: _Dist) -> torch.nn.Module:
+    """Shard every block, then the rest (embeddings, final norm, head), over all processes."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh(device.type, (d.world_size,))
+    for block in model.transformer.h:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model
+
+
+def _full_states(raw_model: GPT, model, optimizer, cfg: TrainConfig, d: _Dist) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state dicts (collective under FSDP; call on every rank)."""
+    if cfg.fsdp and d.enabled:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+        return model_state, optimizer_state
+    return raw_model.state_dict(), optimizer.state_dict()
+
+
+def _fsdp_load_optimizer(model, optimizer, optimizer_state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, optimizer, optimizer_state["optimizer"],
+                             options=StateDictOptions(full_state_dict=True))
+
+
+# --------------------------------------------------------------------------------------------
+# Fields for the command line
+# --------------------------------------------------------------------------------------------
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring written under each field of a dataclass (read from its source)."""
+    import ast
+    import inspect as pyinspect
+    import textwrap
+
+    tree = ast.parse(textwrap.dedent(pyinspect.getsource(cls)))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
+                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
+            docs[node.target.id] = " ".join(nxt.value.value.split())
+    return docs
+
+
+@dataclass
+class CliField:
+    name: str
+    kind: str
+    """`int`, `float`, `str` or `bool`."""
+    optional: bool
+    """None is an accepted value (written `none` on the command line)."""
+    default: Any
+    doc: str
+    model: bool
+    """A GPTConfig field (goes into model_overrides) rather than a TrainConfig one."""
+
+
+def cli_fields() -> list[CliField]:
+    """Every setting `scratchlm train` exposes, training and model fields in one flat namespace.
+
+    GPTConfig's vocab_size is left out (the tokenizer decides it); `vocab_size` on the command line
+    is the size of a BPE tokenizer to train.
+    """
+    rows = []
+    skip_train = {"model_overrides", "resume", "preset"}
+    for cls, is_model in ((TrainConfig, False), (GPTConfig, True)):
+        docs = field_docs(cls)
+        for f in fields(cls):
+            if f.name in skip_train and not is_model:
+                continue
+            if is_model and f.name == "vocab_size":
+                continue
+            annotation = str(f.type)
+            kind = next(k for k in ("bool", "int", "float", "str", "dict") if k in annotation)
+            if kind == "dict":
+                continue
+            default = f.default if f.default is not MISSING else None
+            rows.append(CliField(f.name, kind, "None" in annotation, default, docs.get(f.name, ""), is_model))
+    return rows
+
