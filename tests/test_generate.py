@@ -1,0 +1,498 @@
+"""Generation: the KV cache against the plain loop, every sampling filter against a brute-force
+reference, beam search against an exhaustive search, and text in / text out."""
+
+from __future__ import annotations
+
+import itertools
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from scratchlm.config import GPTConfig
+from scratchlm.errors import UserError
+from scratchlm.generate import (
+    IncrementalText,
+    apply_repetition_penalty,
+    beam_search,
+    choose_next,
+    generate,
+    generate_ids,
+    iter_tokens,
+    make_generator,
+    min_p_filter,
+    sample,
+    stream,
+    top_k_filter,
+    top_p_filter,
+)
+from scratchlm.model import GPT
+
+TINY = dict(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    # Tiny models gain nothing from threads, and on a busy 2-core machine torch's thread pool
+    # makes each step many times slower; restore the setting for the rest of the suite.
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    return GPT(GPTConfig(**{**TINY, **overrides})).eval()
+
+
+def _lively_model(pos: str) -> GPT:
+    """A random model whose greedy output wanders instead of repeating one token at once:
+    embeddings of unit scale (not 0.02) make the next token depend on the context."""
+    model = _model(seed=1, pos_embedding=pos)
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+        if pos == "learned":
+            model.transformer.wpe.weight.normal_(0.0, 1.0)
+    return model
+
+
+@torch.no_grad()
+def _plain_loop(model: GPT, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """S20 written out independently: crop to block_size, full forward, last position, argmax."""
+    block = model.config.block_size
+    logits_seen = []
+    for _ in range(steps):
+        logits, _ = model(idx[:, -block:])
+        last = logits[:, -1, :]  # (B, V)
+        logits_seen.append(last)
+        idx = torch.cat([idx, last.argmax(dim=-1, keepdim=True)], dim=1)
+    return idx, logits_seen
+
+
+# --------------------------------------------------------------------------------------------
+# KV cache == plain loop
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
+def test_cached_greedy_equals_plain_loop_over_200_tokens_across_the_boundary(pos):
+    model = _lively_model(pos)
+    gen = torch.Generator().manual_seed(1)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 5), generator=gen)  # batch of 2 different prompts
+    expected, expected_logits = _plain_loop(model, idx, 200)  # crosses block_size=16 at step 12
+    steps = list(iter_tokens(model, idx, max_new_tokens=200, greedy=True, use_cache=True))
+    cached = torch.cat([idx, torch.stack([t for t, _ in steps], dim=1)], dim=1)
+    assert torch.equal(cached, expected)
+    for step, ((_, got), want) in enumerate(zip(steps, expected_logits)):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=f"step {step}")
+    uncached = generate_ids(model, idx, max_new_tokens=200, greedy=True, use_cache=False)
+    assert torch.equal(uncached, expected)
+    # the output is not a trivial repetition of one token, or the comparison would say little
+    assert min(len(set(row[5:].tolist())) for row in expected) > 2
+
+
+@pytest.mark.parametrize("pos", ["learned", "sinusoidal", "rope", "none"])
+def test_cached_sampling_draws_what_the_plain_loop_draws(pos):
+    model = _lively_model(pos)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 3), generator=torch.Generator().manual_seed(2))
+    block = model.config.block_size
+    ref, gen = idx, torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for _ in range(100):  # S20 with a multinomial draw, written out here
+            probs = torch.softmax(model(ref[:, -block:])[0][:, -1, :], dim=-1)
+            ref = torch.cat([ref, torch.multinomial(probs, 1, generator=gen)], dim=1)
+    for use_cache in (True, False):
+        got = generate_ids(model, idx, max_new_tokens=100, generator=torch.Generator().manual_seed(7), use_cache=use_cache)
+        assert torch.equal(got, ref)
+    assert len(set(ref[0].tolist())) > 5
+
+
+@pytest.mark.parametrize("prompt_len", [1, 15, 16, 17, 40])
+def test_cache_exact_for_prompts_at_and_beyond_the_context(prompt_len):
+    model = _model(seed=3, pos_embedding="rope")
+    idx = torch.randint(0, TINY["vocab_size"], (1, prompt_len), generator=torch.Generator().manual_seed(prompt_len))
+    expected, expected_logits = _plain_loop(model, idx, 20)
+    steps = list(iter_tokens(model, idx, max_new_tokens=20, greedy=True))
+    assert torch.equal(torch.cat([idx, torch.stack([t for t, _ in steps], 1)], 1), expected)
+    for (_, got), want in zip(steps, expected_logits):
+        torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_generation_restores_training_mode_and_needs_no_grad():
+    model = _model(dropout=0.5)
+    model.train()
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    a = generate_ids(model, idx, max_new_tokens=30, greedy=True)
+    b = generate_ids(model, idx, max_new_tokens=30, greedy=True)
+    assert torch.equal(a, b)  # dropout was off while generating
+    assert model.training
+
+
+# --------------------------------------------------------------------------------------------
+# The sampling filters against brute force
+# --------------------------------------------------------------------------------------------
+
+
+def test_top_k_1_equals_greedy():
+    model = _model(seed=5)
+    idx = torch.randint(0, TINY["vocab_size"], (3, 4), generator=torch.Generator().manual_seed(0))
+    greedy = generate_ids(model, idx, max_new_tokens=60, greedy=True)
+    for seed in range(3):
+        assert torch.equal(generate_ids(model, idx, max_new_tokens=60, top_k=1, seed=seed), greedy)
+
+
+def test_temperature_towards_zero_equals_greedy():
+    model = _model(seed=6)
+    idx = torch.randint(0, TINY["vocab_size"], (3, 4), generator=torch.Generator().manual_seed(0))
+    greedy = generate_ids(model, idx, max_new_tokens=60, greedy=True)
+    assert torch.equal(generate_ids(model, idx, max_new_tokens=60, temperature=0.0), greedy)
+    assert torch.equal(generate_ids(model, idx, max_new_tokens=60, temperature=1e-5, seed=1), greedy)
+    # and the plain argmax, computed here, is what greedy means
+    assert torch.equal(greedy, _plain_loop(model, idx, 60)[0])
+
+
+def _brute_force_nucleus_size(probs: np.ndarray, p: float) -> int:
+    """Size of the smallest subset of tokens whose probabilities sum to at least p, by trying
+    every subset of every size."""
+    V = len(probs)
+    for size in range(1, V + 1):
+        if any(sum(probs[list(c)]) >= p for c in itertools.combinations(range(V), size)):
+            return size
+    return V
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    logits=st.lists(st.floats(-8, 8, allow_nan=False, width=32), min_size=1, max_size=7),
+    p=st.floats(1e-6, 1.0, exclude_min=False),
+)
+def test_top_p_matches_brute_force_and_is_never_empty(logits, p):
+    row = torch.tensor([logits], dtype=torch.float32)  # (1, V)
+    probs = torch.softmax(row.double(), dim=-1)[0].numpy()
+    # Keep clear of sums that equal p to within float32 rounding, where either answer is right.
+    cums = np.cumsum(np.sort(probs)[::-1])
+    assume(np.all(np.abs(cums - p) > 1e-5))
+    kept = torch.isfinite(top_p_filter(row, p))[0].numpy()
+    assert kept.sum() >= 1
+    assert kept.sum() == _brute_force_nucleus_size(probs, p)
+    assert probs[kept].sum() >= p - 1e-6
+    if (~kept).any():  # a kept token is never less likely than a dropped one
+        assert probs[kept].min() >= probs[~kept].max()
+    # kept scores are untouched
+    assert torch.equal(top_p_filter(row, p)[0][torch.from_numpy(kept)], row[0][torch.from_numpy(kept)])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logits=st.lists(st.one_of(st.floats(-1e4, 1e4, width=32), st.just(float("-inf"))), min_size=1, max_size=9),
+    p=st.floats(0.0, 1.0, exclude_min=True),
+)
+def test_top_p_keeps_at_least_one_token_even_at_extremes(logits, p):
+    assume(any(math.isfinite(x) for x in logits))
+    kept = torch.isfinite(top_p_filter(torch.tensor([logits]), p))
+    assert kept.sum() >= 1
+
+
+def test_top_k_and_min_p_against_numpy():
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(4, 30)).astype(np.float32)
+    t = torch.from_numpy(logits)
+    for k in (1, 3, 30, 50):
+        kept = torch.isfinite(top_k_filter(t, k)).numpy()
+        want = np.zeros_like(kept)
+        for r in range(4):
+            want[r, np.argsort(-logits[r])[: min(k, 30)]] = True
+        assert (kept == want).all()
+    for min_p in (0.0, 0.05, 0.3, 1.0):
+        probs = np.exp(logits - logits.max(1, keepdims=True))
+        probs /= probs.sum(1, keepdims=True)
+        want = probs >= min_p * probs.max(1, keepdims=True) - 1e-7
+        assert (torch.isfinite(min_p_filter(t, min_p)).numpy() == want).all()
+
+
+def test_repetition_penalty_by_hand():
+    logits = torch.tensor([[2.0, -1.0, 0.5, 3.0]])
+    previous = torch.tensor([[0, 1, 1]])  # tokens 0 and 1 already present (1 twice)
+    got = apply_repetition_penalty(logits, previous, 2.0)
+    assert torch.equal(got, torch.tensor([[1.0, -2.0, 0.5, 3.0]]))
+    assert torch.equal(logits, torch.tensor([[2.0, -1.0, 0.5, 3.0]]))  # input untouched
+    # with a strong penalty the greedy choice moves away from a seen token
+    assert choose_next(torch.tensor([[3.0, 2.9]]), torch.tensor([[0]]), repetition_penalty=1.5, greedy=True).item() == 1
+
+
+def test_multinomial_draws_follow_the_distribution():
+    logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).repeat(20000, 1)
+    draws = sample(logits, make_generator(0))
+    freq = torch.bincount(draws, minlength=4).double() / 20000
+    want = torch.softmax(torch.tensor([0.0, 1.0, 2.0, -1.0], dtype=torch.float64), 0)
+    assert torch.allclose(freq, want, atol=0.015)
+
+
+def test_one_seed_one_output_whatever_the_global_rng_does():
+    model = _model(seed=7)
+    idx = torch.zeros(2, 1, dtype=torch.long)
+    opts = dict(max_new_tokens=50, temperature=1.3, top_k=10, top_p=0.95, min_p=0.01)
+    torch.manual_seed(123)
+    a = generate_ids(model, idx, seed=42, **opts)
+    torch.manual_seed(999)
+    torch.rand(10)
+    b = generate_ids(model, idx, seed=42, **opts)
+    c = generate_ids(model, idx, seed=43, **opts)
+    assert torch.equal(a, b)
+    assert not torch.equal(a, c)
+    # the cache does not change what a seed draws either
+    assert torch.equal(generate_ids(model, idx, seed=42, use_cache=False, **opts), a)
+
+
+def test_bad_options_are_refused_by_name():
+    model = _model()
+    idx = torch.zeros(1, 1, dtype=torch.long)
+    for bad, name in [
+        (dict(max_new_tokens=-1), "max_new_tokens"),
+        (dict(max_new_tokens=10**6), "max_new_tokens"),
+        (dict(temperature=-0.5), "temperature"),
+        (dict(top_k=0), "top_k"),
+        (dict(top_p=0.0), "top_p"),
+        (dict(top_p=1.5), "top_p"),
+        (dict(min_p=2.0), "min_p"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+    ]:
+        with pytest.raises(UserError, match=name):
+            generate_ids(model, idx, **{"max_new_tokens": 3, **bad})
+
+
+# --------------------------------------------------------------------------------------------
+# Beam search
+# --------------------------------------------------------------------------------------------
+
+
+def test_beam_width_1_equals_greedy_with_and_without_cache():
+    model = _model(seed=8)
+    idx = torch.randint(0, TINY["vocab_size"], (1, 6), generator=torch.Generator().manual_seed(2))
+    greedy = _plain_loop(model, idx, 30)[0][0].tolist()
+    for use_cache in (True, False):
+        [(ids, _)] = beam_search(model, idx, beam_width=1, max_new_tokens=30, use_cache=use_cache)
+        assert ids == greedy
+
+
+@torch.no_grad()
+def _score(model: GPT, prompt: list[int], continuation: list[int]) -> float:
+    """log p(continuation | prompt) from one plain forward over the whole sequence."""
+    ids = torch.tensor([prompt + continuation])
+    logp = F.log_softmax(model(ids)[0][0].double(), dim=-1)  # (T, V)
+    return sum(float(logp[len(prompt) - 1 + i, tok]) for i, tok in enumerate(continuation))
+
+
+def test_wide_beam_equals_exhaustive_search_and_reports_the_models_own_scores():
+    V, steps, prompt = 3, 4, [0, 2]
+    model = _model(seed=9, vocab_size=V, block_size=8, n_embd=16)
+    everything = {c: _score(model, prompt, list(c)) for c in itertools.product(range(V), repeat=steps)}
+    best = max(everything, key=everything.get)
+    width = V**steps  # as wide as the number of possible continuations: nothing is pruned
+    results = beam_search(model, torch.tensor(prompt), width, steps, n_best=width)
+    ids, logprob = results[0]
+    assert ids == prompt + list(best)
+    assert logprob == pytest.approx(everything[best], abs=1e-4)
+    assert {tuple(r[0][len(prompt) :]) for r in results} == set(everything)
+    for seq, lp in results:
+        assert lp == pytest.approx(everything[tuple(seq[len(prompt) :])], abs=1e-4)
+    # a narrow beam still reports true scores for what it returns
+    for seq, lp in beam_search(model, torch.tensor(prompt), 2, steps, n_best=2):
+        assert lp == pytest.approx(_score(model, prompt, seq[len(prompt) :]), abs=1e-4)
+
+
+def test_wide_beam_with_eos_equals_exhaustive_search_with_length_penalty():
+    V, steps, prompt, eos = 3, 3, [1], 2
+    model = _model(seed=10, vocab_size=V, block_size=8, n_embd=16)
+    # every possible output: stop at the first eos, or run all steps
+    candidates = set()
+    for c in itertools.product(range(V), repeat=steps):
+        c = list(c)
+        candidates.add(tuple(c[: c.index(eos) + 1]) if eos in c else tuple(c))
+    for alpha in (0.0, 1.0, 2.0):
+        ranked = sorted(candidates, key=lambda c: _score(model, prompt, list(c)) / len(c) ** alpha, reverse=True)
+        [(ids, lp)] = beam_search(model, torch.tensor(prompt), V**steps, steps, length_penalty=alpha, eos_id=eos)
+        assert ids == prompt + list(ranked[0])
+        assert lp == pytest.approx(_score(model, prompt, list(ranked[0])), abs=1e-4)
+
+
+def test_beam_search_cache_is_exact_across_the_boundary():
+    model = _model(seed=11, pos_embedding="learned")
+    idx = torch.randint(0, TINY["vocab_size"], (1, 10), generator=torch.Generator().manual_seed(4))
+    a = beam_search(model, idx, 4, 20, n_best=4, use_cache=True)
+    b = beam_search(model, idx, 4, 20, n_best=4, use_cache=False)
+    assert [x for x, _ in a] == [x for x, _ in b]
+    for (seq, lp_a), (_, lp_b) in zip(a, b):
+        assert lp_a == pytest.approx(lp_b, abs=1e-4)
+
+
+# --------------------------------------------------------------------------------------------
+# Text in, text out
+# --------------------------------------------------------------------------------------------
+
+
+class ByteTokenizer:
+    """A stand-in tokenizer: one id per UTF-8 byte, then BOS and end-of-text. Decoding a cut
+    multi-byte character gives U+FFFD, as byte-level BPE does."""
+
+    kind = "byte"
+    vocab_size = 258
+    bos_id = 256
+    eos_id = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+class LettersTokenizer:
+    """One id per letter of a small alphabet, then BOS and end-of-text."""
+
+    kind = "char"
+    alphabet = "abcdefghij "
+    vocab_size = len(alphabet) + 2
+    bos_id = len(alphabet)
+
+    def __init__(self, eos_id: int | None = None):
+        self.eos_id = len(self.alphabet) + 1 if eos_id is None else eos_id
+
+    def encode(self, text: str) -> list[int]:
+        return [self.alphabet.index(c) for c in text]
+
+    def decode(self, ids) -> str:
+        return "".join(self.alphabet[i] if i < len(self.alphabet) else "" for i in ids)
+
+
+def _letters_model(seed=12, **kw) -> GPT:
+    return _model(seed=seed, vocab_size=LettersTokenizer.vocab_size, **kw)
+
+
+def test_generate_returns_the_greedy_continuation_as_text_and_ids():
+    tok = LettersTokenizer(eos_id=10**6)  # an eos the model can never emit: runs to the end
+    model = _letters_model()
+    expected = _plain_loop(model, torch.tensor([tok.encode("abc")]), 40)[0][0, 3:].tolist()
+    out = generate(model, tok, "abc", max_new_tokens=40, greedy=True)
+    assert out.ids == expected and out.text == tok.decode(expected)
+    assert out.finish_reasons == ["length"] and out.prompt_ids == [0, 1, 2] and not out.prompt_cropped
+
+
+def test_generate_stops_at_end_of_text_and_at_stop_strings():
+    model = _letters_model()
+    full = _plain_loop(model, torch.tensor([[0, 1, 2]]), 60)[0][0, 3:].tolist()
+    # declare a token the model emits mid-way as end-of-text: output must end just before it
+    eos = full[len(full) // 2]
+    cut = full.index(eos)
+    out = generate(model, LettersTokenizer(eos_id=eos), "abc", max_new_tokens=60, greedy=True)
+    assert out.ids == full[:cut] and out.finish_reasons == ["eos"]
+
+    tok = LettersTokenizer(eos_id=10**6)
+    text = tok.decode(full)
+    stop = text[20:23]
+    out = generate(model, tok, "abc", max_new_tokens=60, greedy=True, stop=["zzz", stop])
+    assert out.text == text[: text.find(stop)] and out.finish_reasons == ["stop"]
+    assert tok.decode(out.ids).endswith(stop)  # ids run up to the token that completed it
+    assert "".join(stream(model, tok, "abc", max_new_tokens=60, greedy=True, stop=[stop])) == out.text
+
+
+def test_empty_prompt_starts_from_bos_and_long_prompt_is_cropped_with_a_warning():
+    tok = LettersTokenizer(eos_id=10**6)
+    model = _letters_model()
+    from_bos = _plain_loop(model, torch.tensor([[tok.bos_id]]), 10)[0][0, 1:].tolist()
+    assert generate(model, tok, "", max_new_tokens=10, greedy=True).ids == from_bos
+
+    long_prompt = "abcdefghij" * 3  # 30 tokens, block_size 16
+    tail = _plain_loop(model, torch.tensor([tok.encode(long_prompt)[-16:]]), 10)[0][0, 16:].tolist()
+    with pytest.warns(UserWarning, match="only its last 16 tokens"):
+        out = generate(model, tok, long_prompt, max_new_tokens=10, greedy=True)
+    assert out.prompt_cropped and out.ids == tail
+
+
+def test_num_samples_are_independent_draws_reproducible_by_seed():
+    tok = LettersTokenizer(eos_id=10**6)
+    model = _letters_model()
+    out = generate(model, tok, "ab", max_new_tokens=30, num_samples=3, seed=5, temperature=1.5)
+    assert len(out.texts) == 3 and len(set(out.texts)) == 3
+    assert generate(model, tok, "ab", max_new_tokens=30, num_samples=3, seed=5, temperature=1.5).texts == out.texts
+    beams = generate(model, tok, "ab", max_new_tokens=8, beams=4, num_samples=2)
+    assert len(beams.texts) == 2 and beams.logprobs[0] >= beams.logprobs[1]
+
+
+def test_stream_pieces_join_to_the_generated_text():
+    tok = ByteTokenizer()
+    model = _model(seed=13, vocab_size=258)
+    for seed in range(3):
+        pieces = list(stream(model, tok, "hé", max_new_tokens=40, seed=seed))
+        assert "".join(pieces) == generate(model, tok, "hé", max_new_tokens=40, seed=seed).text
+
+
+def test_incremental_text_never_prints_half_a_character():
+    tok = ByteTokenizer()
+    text = "héllo wörld 你好 🎉 done"
+    ids = tok.encode(text)
+    printer = IncrementalText()
+    pieces = [printer.piece(tok.decode(ids[:n])) for n in range(1, len(ids) + 1)]
+    pieces.append(printer.piece(tok.decode(ids), final=True))
+    assert "".join(pieces) == text
+    assert all("\ufffd" not in p for p in pieces)
+    # a tail that could begin a stop string waits until it is clear
+    printer = IncrementalText(stops=["wörld!"])
+    early = printer.piece("héllo wö")
+    assert early == "héllo " and printer.piece("héllo wörm") == "wörm"
+
+
+@torch.enable_grad()
+def test_stream_prints_multibyte_text_whole_from_a_model_that_learned_it():
+    """End to end: a tiny model memorises one UTF-8 string byte by byte; streaming its greedy
+    output must show every character whole, then stop at end-of-text."""
+    tok = ByteTokenizer()
+    target = "añ你🎉ok"
+    seq = torch.tensor([[tok.bos_id] + tok.encode(target) + [tok.eos_id]])  # (1, 14)
+    model = _model(seed=14, vocab_size=258, block_size=16, n_embd=32)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        _, loss = model(seq[:, :-1], seq[:, 1:])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = generate(model, tok, "", max_new_tokens=30, greedy=True)
+    assert out.text == target and out.finish_reasons == ["eos"]  # the model did learn it
+    pieces = list(stream(model, tok, "", max_new_tokens=30, greedy=True))
+    assert "".join(pieces) == target
+    assert all("\ufffd" not in p for p in pieces)
+    assert len(pieces) >= 4  # printed as it went, not all at the end
+
+
+@pytest.mark.parametrize("kind", ["bpe", "gpt2"])
+def test_real_tokenizers_stream_whole_characters(kind):
+    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    if kind == "bpe":  # trained on ASCII only, so every non-ASCII character is split into bytes
+        tok = tokenizer_module.train_tokenizer("bpe", ["the quick brown fox jumps over the lazy dog"] * 20, 300)
+    else:
+        try:
+            tok = tokenizer_module.get_tokenizer("gpt2")
+        except UserError as exc:
+            pytest.skip(f"GPT-2's tokenizer is not available offline here: {exc}")
+    text = "naïve café — 東京 🎉"
+    ids = tok.encode(text)
+    assert len(ids) > len(text) - 3  # some characters really span several tokens
+    printer = IncrementalText()
+    pieces = [printer.piece(tok.decode(ids[:n])) for n in range(1, len(ids) + 1)]
+    pieces.append(printer.piece(tok.decode(ids), final=True))
+    assert "".join(pieces) == text and all("\ufffd" not in p for p in pieces)
+
+
+def test_unknown_characters_for_a_char_tokenizer_are_a_clear_error():
+    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    tok = tokenizer_module.CharTokenizer("abc ")
+    model = _model(vocab_size=tok.vocab_size)
+    with pytest.raises(UserError, match="x"):
+        generate(model, tok, "abx", max_new_tokens=3)
