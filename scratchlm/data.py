@@ -1,0 +1,736 @@
+"""Text to batches: read documents, tokenize, write token shards, stream (B, T) batches (S15, S16).
+
+prepare(cfg, out_dir) turns text into
+
+    out_dir/train.bin, out_dir/val.bin   token shards (header + uint16/uint32 ids)
+    out_dir/tokenizer/                   the tokenizer, loadable with load_tokenizer
+    out_dir/meta.json                    sources, tokenizer, token counts, split (written last)
+
+Every document becomes BOS followed by its tokens; documents are concatenated into one stream.
+By default the last `val_fraction` of that stream is validation (nanoGPT's split, so figures
+compare); `split="documents"` sends a seeded random set of whole documents to validation instead.
+
+A shard is a fixed 24-byte header then the ids, little-endian:
+
+    magic b"SLMTOKEN" | version uint32 (1) | bytes per id uint32 (2 or 4) | token count uint64
+
+read_shard() checks the header against the file size and returns a numpy memmap of the ids.
+BatchStream cuts (B, T+1) rows out of such an array: inputs are row[:, :-1], targets row[:, 1:].
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import struct
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+import numpy as np
+
+from scratchlm.errors import ConfigError, UserError
+
+FORMAT_VERSION = 1
+MAGIC = b"SLMTOKEN"
+HEADER = struct.Struct("<8sIIQ")  # magic, version, bytes per id, token count
+DTYPES = {2: np.dtype("<u2"), 4: np.dtype("<u4")}
+TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+SPLITS = ("tail", "documents")
+ERRORS = ("strict", "replace")
+DEFAULT_BPE_VOCAB = 8192
+IN_MEMORY_BYTES = 256 << 20  # inputs up to this size are read once and kept for both passes
+CHUNK_CHARS = 1 << 20  # long documents are cut into pieces of about this size for parallel encoding
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from and how it becomes token shards. Saved inside every checkpoint."""
+
+    data: str | list[str] = "shakespeare"
+    """`shakespeare` (the built-in corpus), or one or more paths: .txt files (one document each),
+    .jsonl (one document per line, field `text`), .parquet (one per row, column `text`), or folders
+    of them (read recursively, in sorted order)."""
+    tokenizer: str = "bpe"
+    """`char`, `bpe` (trained on the data) or `gpt2` (GPT-2's fixed 50257-token BPE)."""
+    vocab_size: int | None = None
+    """Vocabulary size to train `bpe` to (None: 8192). char and gpt2 fix their own size."""
+    tokenizer_file: str | None = None
+    """gpt2: a `gpt2.tiktoken` rank file (the offline path). bpe: a tokenizer.json to use instead
+    of training. Any kind: a tokenizer directory saved by scratchlm."""
+    val_fraction: float = 0.1
+    """Share of the tokens (tail split) or of the documents (documents split) held out."""
+    split: str = "tail"
+    """`tail`: the last val_fraction of the token stream; `documents`: a seeded random set of documents."""
+    seed: int = 0
+    """Seed of the documents split."""
+    errors: str = "strict"
+    """Invalid UTF-8 in the input: `strict` stops with the file and byte offset, `replace` uses U+FFFD."""
+    char_unk: bool = False
+    """char only: add an `<unk>` id for characters the training text lacked (else they are an error)."""
+    block_size: int | None = None
+    """If set, each non-empty split must hold at least one window of block_size + 1 tokens.
+    A check only: it does not change what is written."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.data, (list, tuple)):
+            self.data = [str(p) for p in self.data]
+            if len(self.data) == 1:
+                self.data = self.data[0]
+        elif isinstance(self.data, os.PathLike):
+            self.data = os.fspath(self.data)
+        if self.tokenizer_file is not None:
+            self.tokenizer_file = os.fspath(self.tokenizer_file)
+        self.validate()
+
+    def validate(self) -> None:
+        from scratchlm.tokenizer import KINDS
+
+        if not self.data:
+            raise ConfigError("data", "give `shakespeare` or at least one path")
+        if self.tokenizer not in KINDS:
+            raise ConfigError("tokenizer", f"{self.tokenizer!r} is not one of {', '.join(KINDS)}")
+        if self.vocab_size is not None:
+            if self.tokenizer != "bpe":
+                raise ConfigError("vocab_size", f"only bpe is trained to a chosen size; {self.tokenizer}'s vocabulary is fixed by "
+                                  + ("the input's characters" if self.tokenizer == "char" else "GPT-2 (50257)"))
+            if self.vocab_size <= 0:
+                raise ConfigError("vocab_size", f"must be positive, got {self.vocab_size}")
+        if not 0.0 <= self.val_fraction < 1.0:
+            raise ConfigError("val_fraction", f"must be in [0, 1), got {self.val_fraction}")
+        if self.split not in SPLITS:
+            raise ConfigError("split", f"{self.split!r} is not one of {', '.join(SPLITS)}")
+        if self.errors not in ERRORS:
+            raise ConfigError("errors", f"{self.errors!r} is not one of {', '.join(ERRORS)}")
+        if self.char_unk and self.tokenizer != "char":
+            raise ConfigError("char_unk", "only the char tokenizer has an <unk> id")
+        if self.block_size is not None and self.block_size <= 0:
+            raise ConfigError("block_size", f"must be positive, got {self.block_size}")
+
+    @property
+    def paths(self) -> list[str]:
+        return [self.data] if isinstance(self.data, str) else list(self.data)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DataConfig":
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+def padded_vocab_size(n: int, multiple: int = 64) -> int:
+    """n rounded up to a multiple (50257 -> 50304): matmuls run faster on round sizes; the
+    extra ids are never produced by the tokenizer, so the model learns to give them no mass."""
+    return -(-n // multiple) * multiple
+
+
+# ----------------------------------------------------------------------------------------------
+# shards
+
+
+def shard_dtype(vocab_size: int) -> np.dtype:
+    """uint16 while every id fits in it, else uint32."""
+    return DTYPES[2] if vocab_size <= 1 << 16 else DTYPES[4]
+
+
+def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], dtype: np.dtype | str | None = None) -> Path:
+    """Write ids as a shard, atomically (a temp file in the same folder, then rename)."""
+    path = Path(path)
+    arr = np.asarray(tokens)
+    dtype = np.dtype(dtype).newbyteorder("<") if dtype is not None else (DTYPES[2] if arr.size == 0 or arr.max() < 1 << 16 else DTYPES[4])
+    if dtype.itemsize not in DTYPES:
+        raise ValueError(f"shards hold uint16 or uint32 ids, not {dtype}")
+    if arr.size and (arr.min() < 0 or arr.max() >= 1 << (8 * dtype.itemsize)):
+        raise ValueError(f"ids outside the range of {dtype}")
+    with _atomic_file(path) as f:
+        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, arr.size))
+        arr.astype(dtype, copy=False).tofile(f)
+    return path
+
+
+class _atomic_file:
+    """open(path, 'wb') that only appears under `path` once closed without an exception."""
+
+    def __init__(self, path: Path):
+        self.path = path
+
+    def __enter__(self):
+        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
+        self.f = os.fdopen(fd, "wb")
+        return self.f
+
+    def __exit__(self, exc_type, exc, tb):
+        self.f.close()
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            os.unlink(self.tmp)
+        return False
+
+
+def read_shard(path: str | os.PathLike) -> np.ndarray:
+    """The ids of a shard as a read-only memmap (nothing is loaded until indexed)."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        with open(path, "rb") as f:
+            head = f.read(HEADER.size)
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such token shard; run `scratchlm prepare` first") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot read token shard ({exc.strerror})") from None
+    if len(head) < HEADER.size:
+        raise UserError(f"{path}: truncated token shard: {size} bytes, shorter than the {HEADER.size}-byte header; prepare the data again")
+    magic, version, itemsize, count = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise UserError(f"{path}: not a scratchlm token shard (magic bytes {magic!r}, expected {MAGIC!r})")
+    if version != FORMAT_VERSION:
+        raise UserError(f"{path}: token shard format version {version}, this scratchlm reads version {FORMAT_VERSION}; prepare the data again")
+    if itemsize not in DTYPES:
+        raise UserError(f"{path}: token shard header names {itemsize} bytes per id; only 2 (uint16) and 4 (uint32) exist")
+    expected = HEADER.size + count * itemsize
+    if size != expected:
+        what = "truncated" if size < expected else "has trailing bytes"
+        raise UserError(f"{path}: token shard {what}: its header says {count} ids ({expected} bytes in all) but the file holds {size} bytes; prepare the data again")
+    if count == 0:
+        return np.zeros(0, dtype=DTYPES[itemsize])
+    return np.memmap(path, dtype=DTYPES[itemsize], mode="r", offset=HEADER.size, shape=(count,))
+
+
+def read_meta(directory: str | os.PathLike) -> dict:
+    """meta.json of a prepared directory."""
+    path = Path(directory) / "meta.json"
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise UserError(f"{directory}: not a prepared data directory (no meta.json); run `scratchlm prepare`") from None
+    except ValueError as exc:
+        raise UserError(f"{path}: not valid JSON ({exc})") from None
+
+
+# ----------------------------------------------------------------------------------------------
+# reading documents
+
+
+@dataclass
+class _Source:
+    path: Path
+    kind: str  # "txt", "jsonl", "parquet" or "play" (a built-in Markdown play)
+
+
+def _resolve_sources(cfg: DataConfig) -> list[_Source]:
+    if cfg.data == "shakespeare":
+        from scratchlm.corpus import shakespeare_files
+
+        return [_Source(p, "play") for p in shakespeare_files()]
+    sources: list[_Source] = []
+    for name in cfg.paths:
+        path = Path(name).expanduser()
+        if path.is_dir():
+            found = sorted(
+                (p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file()
+                 and not any(part.startswith(".") for part in p.relative_to(path).parts)),
+                key=lambda p: p.relative_to(path).as_posix(),
+            )
+            if not found:
+                raise UserError(f"{path}: folder holds no .txt, .jsonl or .parquet files")
+            sources.extend(_Source(p, p.suffix[1:]) for p in found)
+        elif path.is_file():
+            kind = path.suffix[1:] if path.suffix in (".jsonl", ".parquet") else "txt"
+            sources.append(_Source(path, kind))
+        else:
+            raise UserError(f"{path}: no such file or folder")
+    return sources
+
+
+def _decode(data: bytes, errors: str, where: str, offset: int = 0) -> str:
+    try:
+        return data.decode("utf-8", errors=errors)
+    except UnicodeDecodeError as exc:
+        raise UserError(
+            f"{where}: invalid UTF-8 at byte offset {offset + exc.start}; fix the file or pass --errors replace"
+        ) from None
+
+
+def _read_documents(source: _Source, errors: str) -> Iterator[str]:
+    """The documents of one source file, in order."""
+    path = source.path
+    if source.kind in ("txt", "play"):
+        text = _decode(path.read_bytes(), errors, str(path))
+        if source.kind == "play":
+            from scratchlm.corpus import markdown_play_to_text
+
+            text = markdown_play_to_text(text)
+        yield text
+    elif source.kind == "jsonl":
+        offset = 0
+        with open(path, "rb") as f:
+            for lineno, raw in enumerate(f, 1):
+                start, offset = offset, offset + len(raw)
+                if not raw.strip():
+                    continue
+                line = _decode(raw, errors, f"{path} line {lineno}", start)
+                try:
+                    record = json.loads(line)
+                except ValueError as exc:
+                    raise UserError(f"{path} line {lineno}: not valid JSON ({exc.args[0]})") from None
+                if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                    raise UserError(f"{path} line {lineno}: expected a JSON object with a string field \"text\"")
+                yield record["text"]
+    elif source.kind == "parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            pf = pq.ParquetFile(path)
+        except (pa.ArrowException, OSError) as exc:
+            raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+        names = pf.schema_arrow.names
+        if "text" not in names:
+            raise UserError(f"{path}: parquet file has no \"text\" column (columns: {', '.join(names) or 'none'})")
+        column_type = pf.schema_arrow.field("text").type
+        if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)):
+            raise UserError(f"{path}: parquet column \"text\" holds {column_type}, not strings")
+        for group in range(pf.num_row_groups):  # one row group in memory at a time
+            for value in pf.read_row_group(group, columns=["text"]).column("text").to_pylist():
+                if value is not None:
+                    yield value
+    else:  # pragma: no cover - _resolve_sources only makes the kinds above
+        raise AssertionError(source.kind)
+
+
+def iter_documents(cfg: DataConfig) -> Iterator[str]:
+    """Every non-empty document of the configured input, in a fixed order."""
+    for source in _resolve_sources(cfg):
+        for doc in _read_documents(source, cfg.errors):
+            if doc:
+                yield doc
+
+
+def split_for_encoding(text: str, target: int = CHUNK_CHARS) -> list[str]:
+    """Cut a long text into pieces of about `target` characters that encode to exactly the
+    tokens of the whole text, so one big document still spreads over all cores.
+
+    Cuts fall after a newline that is followed by a non-space character. GPT-2's pre-tokenizer
+    regex (used by bpe and gpt2) only joins a newline with other whitespace, so no pre-token
+    spans such a cut, and BPE never merges across pre-tokens."""
+    if len(text) <= target:
+        return [text]
+    pieces, start = [], 0
+    while len(text) - start > target:
+        cut = text.find("\n", start + target)
+        while cut != -1 and cut + 1 < len(text) and text[cut + 1].isspace():
+            cut = text.find("\n", cut + 1)
+        if cut == -1 or cut + 1 >= len(text):
+            break
+        pieces.append(text[start : cut + 1])
+        start = cut + 1
+    pieces.append(text[start:])
+    return pieces
+
+
+# ----------------------------------------------------------------------------------------------
+# prepare
+
+
+def _build_tokenizer(cfg: DataConfig, documents: Iterable[str]):
+    from scratchlm.tokenizer import get_tokenizer, train_tokenizer
+
+    if cfg.tokenizer_file is not None or cfg.tokenizer == "gpt2":
+        return get_tokenizer(cfg.tokenizer, tokenizer_file=cfg.tokenizer_file)
+    pieces = (piece for doc in documents for piece in split_for_encoding(doc))
+    vocab = (cfg.vocab_size or DEFAULT_BPE_VOCAB) if cfg.tokenizer == "bpe" else None
+    return train_tokenizer(cfg.tokenizer, pieces, vocab, unk=cfg.char_unk)
+
+
+def _encode_pieces(tok, pieces: list[str], dtype: np.dtype) -> list[np.ndarray]:
+    if tok.kind == "char":
+        return [tok.encode_array(p).astype(dtype) for p in pieces]
+    return [np.array(ids, dtype=dtype) for ids in tok.encode_batch(pieces)]
+
+
+def _progress(total: int, enabled: bool | None):
+    from tqdm import tqdm
+
+    if enabled is None:
+        enabled = sys.stderr.isatty()
+    return tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc="encoding", disable=not enabled, leave=False)
+
+
+def _source_records(sources: list[_Source]) -> list[dict]:
+    records = []
+    for s in sources:
+        digest = hashlib.sha256()
+        with open(s.path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 22), b""):
+                digest.update(block)
+        records.append({"path": str(s.path.resolve()), "bytes": s.path.stat().st_size, "sha256": digest.hexdigest()})
+    return records
+
+
+def _count_bytes(tokens: np.ndarray, lengths: np.ndarray) -> int:
+    total = 0
+    for i in range(0, len(tokens), 1 << 24):
+        total += int(lengths[tokens[i : i + (1 << 24)]].sum())
+    return total
+
+
+def _copy_tokens(all_tokens: np.ndarray, ranges: Iterable[tuple[int, int]], path: Path, dtype: np.dtype) -> int:
+    """Write the concatenation of all_tokens[a:b] over ranges as one shard; returns its length."""
+    ranges = list(ranges)
+    count = sum(b - a for a, b in ranges)
+    with _atomic_file(path) as f:
+        f.write(HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, count))
+        for a, b in ranges:
+            for i in range(a, b, 1 << 24):
+                np.asarray(all_tokens[i : min(b, i + (1 << 24))]).tofile(f)
+    return count
+
+
+def _check_window(cfg: DataConfig, name: str, count: int) -> None:
+    need = (cfg.block_size or 1) + 1
+    if count < need:
+        what = f"one window of block_size + 1 = {need} tokens" if cfg.block_size else "2 tokens (an input and its target)"
+        raise UserError(
+            f"the {name} split holds {count} tokens, fewer than {what}; use more text"
+            + (", a smaller block size" if cfg.block_size else "")
+            + (" or a different --val-fraction" if cfg.val_fraction > 0 else "")
+        )
+
+
+def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
+    """Everything prepare writes, into the empty folder `staging`; returns the meta dict."""
+    t_start = time.perf_counter()
+    sources = _resolve_sources(cfg)
+    total_input = sum(s.path.stat().st_size for s in sources)
+
+    def documents() -> Iterator[tuple[_Source, str]]:
+        for source in sources:
+            for doc in _read_documents(source, cfg.errors):
+                if doc:
+                    yield source, doc
+
+    if total_input <= IN_MEMORY_BYTES and cfg.tokenizer_file is None and cfg.tokenizer != "gpt2":
+        # Training and encoding both read the text: parse it once when it fits in memory.
+        cached = list(documents())
+        documents = lambda: iter(cached)  # noqa: E731
+    tok = _build_tokenizer(cfg, (doc for _, doc in documents()))
+    t_tokenizer = time.perf_counter()
+
+    dtype = shard_dtype(tok.vocab_size)
+    bos = np.array([tok.bos_id], dtype=dtype)
+    doc_lengths: list[int] = []  # tokens per document, BOS included
+    input_bytes = 0
+    all_path = staging / "all.tokens"
+
+    def flush(batch: list[list[str]], out) -> None:
+        """Encode the pieces of several documents in one parallel call, then write each document."""
+        flat = [p for pieces in batch for p in pieces]
+        encoded = iter(_encode_pieces(tok, flat, dtype))
+        for pieces in batch:
+            parts = [bos] + [next(encoded) for _ in pieces]
+            doc = np.concatenate(parts)
+            doc.tofile(out)
+            doc_lengths.append(len(doc))
+
+    with open(all_path, "wb") as out, _progress(total_input, progress) as bar:
+        batch: list[list[str]] = []
+        batch_chars = 0
+        previous: _Source | None = None
+        for source, doc in documents():
+            if source is not previous and previous is not None:
+                bar.update(previous.path.stat().st_size)
+            previous = source
+            input_bytes += len(doc.encode("utf-8"))
+            batch.append(split_for_encoding(doc))
+            batch_chars += len(doc)
+            if batch_chars >= 4 * CHUNK_CHARS:
+                flush(batch, out)
+                batch, batch_chars = [], 0
+        flush(batch, out)
+        bar.update(bar.total - bar.n)
+    t_encode = time.perf_counter()
+
+    if not doc_lengths:
+        raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
+
+    all_tokens = np.memmap(all_path, dtype=dtype, mode="r") if all_path.stat().st_size else np.zeros(0, dtype)
+    n = len(all_tokens)
+    starts = np.concatenate([[0], np.cumsum(doc_lengths)])
+    if cfg.split == "tail":
+        n_train = int(n * (1 - cfg.val_fraction))
+        train_ranges, val_ranges = [(0, n_train)], [(n_train, n)]
+        docs_train = int((starts[:-1] < n_train).sum())  # documents whose BOS is in train
+        docs_val = len(doc_lengths) - docs_train
+    else:
+        n_docs = len(doc_lengths)
+        n_val = max(1, round(n_docs * cfg.val_fraction)) if cfg.val_fraction > 0 else 0
+        if n_val >= n_docs:
+            raise UserError(
+                f"the documents split needs at least 2 documents and leaves training some; the input has {n_docs}; "
+                "use --split tail or more documents"
+            )
+        is_val = np.zeros(n_docs, dtype=bool)
+        is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True
+        train_ranges = [(int(starts[i]), int(starts[i + 1])) for i in range(n_docs) if not is_val[i]]
+        val_ranges = [(int(starts[i]), int(starts[i + 1])) for i in range(n_docs) if is_val[i]]
+        docs_train, docs_val = n_docs - n_val, n_val
+
+    n_train = sum(b - a for a, b in train_ranges)
+    n_val = sum(b - a for a, b in val_ranges)
+    _check_window(cfg, "train", n_train)
+    if cfg.val_fraction > 0:
+        _check_window(cfg, "validation", n_val)
+
+    lengths = tok.token_byte_lengths()
+    train_bytes = sum(_count_bytes(all_tokens[a:b], lengths) for a, b in train_ranges)
+    val_bytes = sum(_count_bytes(all_tokens[a:b], lengths) for a, b in val_ranges)
+    _copy_tokens(all_tokens, train_ranges, staging / "train.bin", dtype)
+    _copy_tokens(all_tokens, val_ranges, staging / "val.bin", dtype)
+    del all_tokens
+    all_path.unlink()
+    tok.save(staging / "tokenizer")
+
+    t_end = time.perf_counter()
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "tokenizer": tok.kind,
+        "vocab_size": tok.vocab_size,
+        "bos_id": tok.bos_id,
+        "eos_id": tok.eos_id,
+        "dtype": dtype.name,
+        "split": cfg.split,
+        "val_fraction": cfg.val_fraction,
+        "seed": cfg.seed,
+        "documents": len(doc_lengths),
+        "train_documents": docs_train,
+        "val_documents": docs_val,
+        "train_tokens": n_train,
+        "val_tokens": n_val,
+        "train_bytes": train_bytes,
+        "val_bytes": val_bytes,
+        "input_bytes": input_bytes,
+        "sources": _source_records(sources),
+        "config": cfg.to_dict(),
+        "seconds": {
+            "tokenizer": round(t_tokenizer - t_start, 3),
+            "encode": round(t_encode - t_tokenizer, 3),
+            "total": round(t_end - t_start, 3),
+        },
+    }
+    (staging / "meta.json").write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
+    return meta
+
+
+def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | None = None) -> Path:
+    """Tokenize the configured text into out_dir (train.bin, val.bin, meta.json, tokenizer/).
+
+    Everything is built in a hidden folder beside out_dir first, so a failure (bad input,
+    interrupt) leaves out_dir exactly as it was. Publishing renames the new files in, with
+    meta.json removed first and written last: a folder with a meta.json is complete.
+    `progress`: show a progress bar (None: when stderr is a terminal)."""
+    out_dir = Path(out_dir).expanduser()
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        _build(cfg, staging, progress)
+        _publish(staging, out_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return out_dir
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    try:
+        os.rename(staging, out_dir)  # out_dir did not exist: one atomic step
+        return
+    except OSError:
+        pass
+    meta = out_dir / "meta.json"
+    if meta.exists():
+        meta.unlink()  # from here until the new meta.json lands, the folder reads as incomplete
+    old_tok = out_dir / "tokenizer"
+    if old_tok.exists():
+        aside = Path(tempfile.mkdtemp(prefix=".tokenizer-old-", dir=out_dir))
+        os.rename(old_tok, aside / "tokenizer")
+        os.rename(staging / "tokenizer", old_tok)
+        shutil.rmtree(aside, ignore_errors=True)
+    else:
+        os.rename(staging / "tokenizer", old_tok)
+    for name in ("train.bin", "val.bin", "meta.json"):
+        os.replace(staging / name, out_dir / name)
+
+
+# ----------------------------------------------------------------------------------------------
+# cache
+
+
+def cache_root() -> Path:
+    """Where ensure_prepared keeps prepared data: $SCRATCHLM_CACHE, else ~/.cache/scratchlm/data."""
+    env = os.environ.get("SCRATCHLM_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm" / "data"
+
+
+def _file_stamp(path: Path) -> list:
+    st = path.stat()
+    return [str(path.resolve()), st.st_size, st.st_mtime_ns]
+
+
+def cache_dir(cfg: DataConfig, root: str | os.PathLike | None = None) -> Path:
+    """The folder ensure_prepared uses for cfg: named by a hash of what decides the output
+    (the fields that change it, and every source file's path, size and modification time)."""
+    keyed = {k: v for k, v in cfg.to_dict().items() if k not in ("data", "tokenizer_file", "block_size")}
+    stamp: dict = {"format": FORMAT_VERSION, "config": keyed, "sources": [_file_stamp(s.path) for s in _resolve_sources(cfg)]}
+    if cfg.tokenizer_file is not None:
+        tf = Path(cfg.tokenizer_file).expanduser()
+        files = sorted(p for p in tf.rglob("*") if p.is_file()) if tf.is_dir() else [tf]
+        if not all(p.exists() for p in files):
+            raise UserError(f"{tf}: no such tokenizer file")
+        stamp["tokenizer_file"] = [_file_stamp(p) for p in files]
+    digest = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:16]
+    label = "shakespeare" if cfg.data == "shakespeare" else Path(cfg.paths[0]).stem or "data"
+    return Path(root if root is not None else cache_root()).expanduser() / f"{label}-{cfg.tokenizer}-{digest}"
+
+
+def is_prepared(directory: str | os.PathLike) -> bool:
+    """True if directory holds a complete prepare output whose shards match its meta.json."""
+    directory = Path(directory)
+    try:
+        meta = read_meta(directory)
+        ok = meta.get("format_version") == FORMAT_VERSION
+        ok = ok and len(read_shard(directory / "train.bin")) == meta["train_tokens"]
+        ok = ok and len(read_shard(directory / "val.bin")) == meta["val_tokens"]
+        return bool(ok and (directory / "tokenizer").is_dir())
+    except (UserError, KeyError, TypeError):
+        return False
+
+
+def ensure_prepared(cfg: DataConfig, cache_root: str | os.PathLike | None = None, *, progress: bool | None = None) -> Path:
+    """A prepared folder for cfg: reused from the cache when its inputs are unchanged, else made.
+    Under DDP call it on one rank and let the others wait (a barrier), then call it everywhere."""
+    directory = cache_dir(cfg, cache_root)
+    if is_prepared(directory):
+        meta = read_meta(directory)
+        _check_window(cfg, "train", meta["train_tokens"])
+        if cfg.val_fraction > 0:
+            _check_window(cfg, "validation", meta["val_tokens"])
+        return directory
+    return prepare(cfg, directory, progress=progress)
+
+
+# ----------------------------------------------------------------------------------------------
+# batches
+
+
+class BatchStream:
+    """(B, T) input and target batches cut from one token array, reproducible from a seed.
+
+    mode="random": each row starts at a random position (nanoGPT's get_batch). With world_size W
+    the array is cut into W equal contiguous parts and rank r only draws windows inside part r,
+    so ranks never read the same tokens.
+    mode="sequential": the array is packed into consecutive rows of T+1 tokens (row i covers
+    tokens[i*T : i*T + T + 1], so every token after the first is a target exactly once); rank r
+    takes rows r, r+W, r+2W, ...; batches walk through them in order and wrap around.
+
+    Batch k depends only on (seed, rank, k), so state_dict() is just a position and a resumed
+    stream continues with exactly the batches the original would have produced."""
+
+    MODES = ("random", "sequential")
+
+    def __init__(self, tokens: np.ndarray, batch_size: int, block_size: int, *, seed: int, rank: int = 0,
+                 world_size: int = 1, mode: str = "random"):
+        if mode not in self.MODES:
+            raise ConfigError("mode", f"{mode!r} is not one of {', '.join(self.MODES)}")
+        if batch_size <= 0 or block_size <= 0:
+            raise ConfigError("batch_size", f"batch_size and block_size must be positive, got {batch_size}, {block_size}")
+        if not 0 <= rank < world_size:
+            raise ConfigError("rank", f"need 0 <= rank < world_size, got rank {rank} of {world_size}")
+        if np.ndim(tokens) != 1:
+            raise ValueError("tokens must be a 1-D array")
+        self.tokens = tokens
+        self.batch_size, self.block_size = batch_size, block_size
+        self.seed, self.rank, self.world_size, self.mode = int(seed), rank, world_size, mode
+        self.step = 0
+        n, T = len(tokens), block_size
+        if mode == "random":
+            self.part = n // world_size  # tokens in each rank's part
+            self.lo = rank * self.part
+            if self.part < T + 1:
+                raise UserError(self._too_short(f"{self.part} per rank" if world_size > 1 else "only"))
+        else:
+            self.rows_per_rank = ((n - 1) // T) // world_size if n > 0 else 0
+            if self.rows_per_rank < 1:
+                raise UserError(self._too_short(f"{n // world_size} per rank" if world_size > 1 else "only"))
+
+    def _too_short(self, per: str) -> str:
+        return (f"the data holds {len(self.tokens)} tokens ({per}), fewer than one window of block_size + 1 = "
+                f"{self.block_size + 1}; use more text or a smaller block size")
+
+    def _row_starts(self, k: int) -> np.ndarray:
+        """(B,) start positions of batch k's rows."""
+        B, T = self.batch_size, self.block_size
+        if self.mode == "random":
+            rng = np.random.default_rng([self.seed & (2**64 - 1), self.rank, k])
+            return self.lo + rng.integers(0, self.part - T, size=B)
+        rows = (k * B + np.arange(B)) % self.rows_per_rank  # this rank's row numbers
+        return (rows * self.world_size + self.rank) * T
+
+    def next_batch(self):
+        """(x, y): int64 tensors (B, T); y[:, t] is the token after x[:, t]."""
+        import torch
+
+        starts = self._row_starts(self.step)
+        self.step += 1
+        rows = np.asarray(self.tokens[starts[:, None] + np.arange(self.block_size + 1)], dtype=np.int64)  # (B, T+1)
+        return torch.from_numpy(rows[:, :-1].copy()), torch.from_numpy(rows[:, 1:].copy())
+
+    def __iter__(self):
+        while True:
+            yield self.next_batch()
+
+    def _geometry(self) -> dict:
+        return {"mode": self.mode, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
+                "batch_size": self.batch_size, "block_size": self.block_size, "num_tokens": len(self.tokens)}
+
+    def state_dict(self) -> dict:
+        return {**self._geometry(), "step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        for key, value in self._geometry().items():
+            if state.get(key) != value:
+                raise UserError(f"cannot resume the batch stream: it was saved with {key}={state.get(key)!r}, now {key}={value!r}")
+        self.step = int(state["step"])
+
+
+def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int):
+    """Separate sequences -> (x, y, attention_mask), each (B, T) with T = longest length - 1 (S16).
+
+    Right padding: x holds pad_id, y holds -100 (ignored by the loss) and attention_mask 0 at
+    padded positions; real positions have attention_mask 1 and y = the next token."""
+    import torch
+
+    if not seqs:
+        raise UserError("pad_batch needs at least one sequence")
+    lengths = [len(s) for s in seqs]
+    if min(lengths) < 2:
+        raise UserError("every sequence needs at least 2 tokens (an input and its target)")
+    T = max(lengths) - 1
+    x = torch.full((len(seqs), T), pad_id, dtype=torch.long)
+    y = torch.full((len(seqs), T), -100, dtype=torch.long)
+    mask = torch.zeros((len(seqs), T), dtype=torch.long)
+    for b, s in enumerate(seqs):
+        s = torch.as_tensor(list(s), dtype=torch.long)
+        x[b, : len(s) - 1] = s[:-1]
+        y[b, : len(s) - 1] = s[1:]
+        mask[b, : len(s) - 1] = 1
+    return x, y, mask
