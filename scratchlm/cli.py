@@ -127,12 +127,54 @@ def _run_plot(args) -> int:
     return 0
 
 
+def _add_prepare(sub) -> None:
+    p = sub.add_parser("prepare", help="tokenize text into train/val token shards (and a tokenizer)")
+    p.add_argument("--data", nargs="+", default=["shakespeare"], metavar="SOURCE",
+                   help="`shakespeare` (built in), or .txt/.jsonl/.parquet files and folders (default: shakespeare)")
+    p.add_argument("--tokenizer", choices=["char", "bpe", "gpt2"], default="bpe", help="tokenizer kind (default: bpe)")
+    p.add_argument("--vocab-size", type=int, default=None, help="bpe: vocabulary size to train (default: 8192)")
+    p.add_argument("--tokenizer-file", default=None,
+                   help="gpt2: a gpt2.tiktoken rank file (offline); bpe: a tokenizer.json; any: a saved tokenizer folder")
+    p.add_argument("--out", default=None,
+                   help="output folder (default: the cache folder that `train` looks in for the same settings)")
+    p.add_argument("--val-fraction", type=float, default=0.1, help="share held out for validation (default: 0.1)")
+    p.add_argument("--split", choices=["tail", "documents"], default="tail",
+                   help="tail: last tokens are validation (default); documents: a seeded random set of documents")
+    p.add_argument("--errors", choices=["strict", "replace"], default="strict",
+                   help="invalid UTF-8: stop with its position (default) or replace it with U+FFFD")
+    p.add_argument("--seed", type=int, default=0, help="seed of the documents split (default: 0)")
+    p.add_argument("--block-size", type=int, default=None, help="check that each split holds a window of this many + 1 tokens")
+    p.add_argument("--char-unk", action="store_true", help="char: add an <unk> id for characters the text lacks")
+    p.set_defaults(run=_run_prepare)
+
+
+def _run_prepare(args) -> int:
+    from scratchlm.data import DataConfig, cache_dir, prepare, read_meta
+
+    cfg = DataConfig(data=args.data, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
+                     tokenizer_file=args.tokenizer_file, val_fraction=args.val_fraction, split=args.split,
+                     seed=args.seed, errors=args.errors, char_unk=args.char_unk, block_size=args.block_size)
+    out = prepare(cfg, args.out if args.out else cache_dir(cfg))
+    m = read_meta(out)
+    sec = m["seconds"]
+    mb = m["input_bytes"] / 1e6
+    print(f"prepared {out}")
+    print(f"  tokenizer   {m['tokenizer']}, vocab {m['vocab_size']:,} (bos {m['bos_id']}, eos {m['eos_id']}), shards {m['dtype']}")
+    print(f"  input       {len(m['sources'])} file(s), {m['documents']:,} documents, {mb:.2f} MB of text")
+    print(f"  train       {m['train_tokens']:,} tokens, {m['train_documents']:,} documents, {m['train_bytes']:,} bytes")
+    print(f"  val         {m['val_tokens']:,} tokens, {m['val_documents']:,} documents, {m['val_bytes']:,} bytes ({m['split']} split)")
+    print(f"  time        tokenizer {sec['tokenizer']:.2f} s, encoding {sec['encode']:.2f} s "
+          f"({mb / max(sec['encode'], 1e-9):.1f} MB/s), total {sec['total']:.2f} s ({mb / max(sec['total'], 1e-9):.1f} MB/s)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scratchlm", description="A GPT built from scratch, every step visible.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_inspect(sub)
+    _add_prepare(sub)
     _add_train(sub)
     _add_plot(sub)
     return parser
