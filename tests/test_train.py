@@ -1,0 +1,255 @@
+"""The training loop through its real entry points, on tiny models and a small text written here."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchlm import checkpoint as ck
+from scratchlm.cli import main as cli_main
+from scratchlm.errors import UserError
+from scratchlm.model import GPT
+from scratchlm.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
+
+TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    # the CPU FLOP probe and prepared data go to a per-session folder, not the user's home
+    monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+
+
+def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    words = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def tiny_config(tmp_path: Path, data: Path, **overrides) -> TrainConfig:
+    model_overrides = {**TINY_MODEL, **overrides.pop("model_overrides", {})}
+    values = dict(
+        data=str(data), tokenizer="char", batch_size=4, max_steps=20, lr=3e-3, min_lr=3e-4, warmup_steps=3,
+        eval_interval=5, eval_iters=2, log_interval=1, checkpoint_interval=100, sample_tokens=0,
+        progress="quiet", out_dir=str(tmp_path / "run"), data_cache=str(tmp_path / "data"),
+        threads=1, model_overrides=model_overrides,
+    )
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def test_learning_rate_schedule_by_hand():
+    cfg = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=4, max_steps=14)
+    assert [learning_rate(s, cfg) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert learning_rate(4, cfg) == pytest.approx(1.0)
+    # halfway through the 10 decay steps the cosine is at its midpoint: (1 + 0.1) / 2
+    assert learning_rate(9, cfg) == pytest.approx(0.55)
+    assert learning_rate(14, cfg) == pytest.approx(0.1) and learning_rate(99, cfg) == pytest.approx(0.1)
+    linear = TrainConfig(lr=1.0, min_lr=0.0, warmup_steps=0, max_steps=10, lr_schedule="linear")
+    assert learning_rate(5, linear) == pytest.approx(0.5)
+    assert learning_rate(7, TrainConfig(lr=0.5, warmup_steps=0, lr_schedule="constant")) == 0.5
+
+
+def test_weight_decay_only_on_matrices():
+    model = GPT(TrainConfig().model_config(50))
+    opt = make_optimizer(model, TrainConfig(weight_decay=0.1), torch.device("cpu"))
+    decayed = {id(p) for g in opt.param_groups if g["weight_decay"] > 0 for p in g["params"]}
+    for name, p in model.named_parameters():
+        assert (id(p) in decayed) == (p.dim() == 2), name
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(list(model.parameters()))
+
+
+def test_resume_is_bit_exact(tmp_path):
+    """20 steps straight == 10 steps, a stop (checkpoint), a resume and 10 more; dropout on, so the
+    RNG states must come back too."""
+    data = write_text(tmp_path / "text.txt")
+    straight = train(tiny_config(tmp_path, data, out_dir=str(tmp_path / "a"), model_overrides={"dropout": 0.1}))
+    cfg = tiny_config(tmp_path, data, out_dir=str(tmp_path / "b"), model_overrides={"dropout": 0.1})
+    first = train(cfg, on_step=lambda step, record: step == 10)
+    assert first.stopped and first.step == 10
+    assert (tmp_path / "b" / "latest").read_text().strip() == "ckpt-00000010"
+    second = train(tiny_config(tmp_path, data, out_dir=None, resume=str(tmp_path / "b"),
+                               model_overrides={"dropout": 0.1}))
+    assert sorted(second.losses) == list(range(11, 21))
+    resumed = {**first.losses, **second.losses}
+    assert resumed == straight.losses  # exact float equality, step by step
+    assert second.val_loss == straight.val_loss
+    a, _, _ = ck.load_model(tmp_path / "a")
+    b, _, _ = ck.load_model(tmp_path / "b")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_an_existing_run_is_never_overwritten(tmp_path):
+    data = write_text(tmp_path / "text.txt")
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="--resume"):
+        train(tiny_config(tmp_path, data, max_steps=2))
+    assert (tmp_path / "run" / "notes.txt").read_text() == "mine"
+
+
+def test_overfits_one_sentence(tmp_path):
+    """S19: memorise one sentence through the real train path; greedy decoding must then recite it."""
+    sentence = "the quick brown fox jumps over the lazy dog."
+    data = tmp_path / "one.txt"
+    data.write_text((sentence + "\n") * 40, encoding="utf-8")
+    cfg = tiny_config(tmp_path, data, max_steps=150, lr=1e-2, min_lr=1e-3, warmup_steps=10, eval_interval=0,
+                      batch_size=8, model_overrides={"n_embd": 48, "n_layer": 2})
+    result = train(cfg)
+    assert result.losses[150] < 0.1 < result.losses[1]
+    assert result.val_loss < 0.1
+    model, tok, _ = ck.load_model(result.run_dir)
+    idx = torch.tensor([tok.encode("the quick")])
+    with torch.no_grad():
+        for _ in range(len(sentence) - len("the quick")):
+            logits, _ = model(idx[:, -16:])
+            idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    assert tok.decode(idx[0].tolist()) == sentence
+
+
+def _nan_on_training_calls(monkeypatch, bad_calls):
+    """Make the model's loss NaN on the given training forward calls (1-based)."""
+    original = GPT.forward
+    calls = {"n": 0}
+
+    def forward(self, idx, targets=None, **kw):
+        logits, loss = original(self, idx, targets, **kw)
+        if self.training and targets is not None:
+            calls["n"] += 1
+            if calls["n"] in bad_calls:
+                loss = loss * float("nan")
+        return logits, loss
+
+    monkeypatch.setattr(GPT, "forward", forward)
+
+
+def test_non_finite_steps_are_skipped_and_counted(tmp_path, monkeypatch):
+    data = write_text(tmp_path / "text.txt")
+    _nan_on_training_calls(monkeypatch, {4, 5})
+    snapshots = {}
+
+    def snapshot(step, record):
+        snapshots[step] = [p.detach().clone() for p in model_ref[0].parameters()] if model_ref else None
+
+    model_ref = []
+    original_init = GPT.__init__
+
+    def init(self, config):
+        original_init(self, config)
+        model_ref.append(self)
+
+    monkeypatch.setattr(GPT, "__init__", init)
+    result = train(tiny_config(tmp_path, data, max_steps=8, eval_interval=0), on_step=snapshot)
+    assert result.bad_steps == 2 and not result.stopped
+    assert math.isnan(result.losses[4]) and math.isnan(result.losses[5])
+    assert all(math.isfinite(result.losses[s]) for s in (1, 2, 3, 6, 7, 8))
+    for before, after in zip(snapshots[3], snapshots[5]):  # steps 4 and 5 left the weights alone
+        assert torch.equal(before, after)
+    assert any(not torch.equal(a, b) for a, b in zip(snapshots[5], snapshots[6]))
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in records if r["event"] == "bad_step"] == [4, 5]
+
+
+def test_too_many_bad_steps_stop_with_step_and_last_checkpoint(tmp_path, monkeypatch):
+    data = write_text(tmp_path / "text.txt")
+    _nan_on_training_calls(monkeypatch, set(range(7, 100)))
+    cfg = tiny_config(tmp_path, data, max_steps=50, checkpoint_interval=3, max_bad_steps=3, eval_interval=0)
+    with pytest.raises(UserError) as info:
+        train(cfg)
+    message = str(info.value)
+    assert "step 9" in message and "ckpt-00000006" in message
+    assert ck.load_model(tmp_path / "run")[2]["step"] == 6  # the bad steps were never saved
+
+
+def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path):
+    data = write_text(tmp_path / "text.txt")
+    result = train(tiny_config(tmp_path, data, max_steps=6, dtype="bfloat16", activation_checkpointing=True,
+                               eval_interval=0))
+    assert all(math.isfinite(v) for v in result.losses.values())
+    assert result.losses[6] < result.losses[1]
+
+
+def test_cli_trains_evaluates_samples_and_plots(tmp_path, capsys):
+    data = write_text(tmp_path / "text.txt")
+    run = tmp_path / "cli-run"
+    code = cli_main([
+        "train", "--preset", "shakespeare-char", "--data", str(data), "--max_steps", "4", "--n_layer", "1",
+        "--n-embd", "32", "--block_size", "16", "--batch_size", "2", "--eval_iters", "2", "--sample_tokens", "20",
+        "--out_dir", str(run), "--data_cache", str(tmp_path / "data"), "--progress", "lines",
+    ])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "step 1/4: loss" in out and "val loss" in out and "bits/byte" in out and "sample" in out
+    assert f"scratchlm generate --checkpoint {run}" in out
+    saved = ck.read_config(ck.latest_checkpoint(run))
+    assert saved["model"]["n_layer"] == 1 and saved["model"]["n_embd"] == 32 and saved["model"]["n_head"] == 4
+    assert saved["train"]["preset"] == "shakespeare-char" and saved["tokenizer"]["kind"] == "char"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    evals = [r for r in records if r["event"] == "eval"]
+    meta_dir = Path(records[0]["data_dir"])
+    meta = json.loads((meta_dir / "meta.json").read_text())
+    # bits per byte from its definition: nats per token -> bits per token -> bits per UTF-8 byte
+    expected = evals[-1]["val_loss"] / math.log(2) * meta["val_tokens"] / meta["val_bytes"]
+    assert evals[-1]["val_bpb"] == pytest.approx(expected)
+    assert evals[-1]["val_ppl"] == pytest.approx(math.exp(evals[-1]["val_loss"]))
+    assert cli_main(["plot", str(run), "--out", str(tmp_path / "curve.png")]) == 0
+    assert (tmp_path / "curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the same run directory again is refused, with the way out named
+    code = cli_main(["train", "--data", str(data), "--out_dir", str(run), "--max_steps", "1"])
+    assert code == 2 and "--resume" in capsys.readouterr().err
+
+
+def test_help_lists_every_field_with_its_default(capsys):
+    with pytest.raises(SystemExit):
+        cli_main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for f in cli_fields():
+        assert f"--{f.name}" in text, f.name
+    assert "--n_layer" in text and "(default: 2)" in text and "--lr" in text and "(default: 0.0003)" in text
+
+
+def test_presets_are_complete_configs():
+    for name in ("shakespeare-char", "smoke", "gpt2-124m", "seed-400m"):
+        cfg = config_from_preset(name)
+        cfg.model_config(256)  # the model part validates too
+    baby = config_from_preset("shakespeare-char").model_config(65)
+    assert (baby.n_layer, baby.n_head, baby.n_embd, baby.block_size) == (4, 4, 128, 64)
+    assert config_from_preset("shakespeare-char").batch_size == 12
+    assert config_from_preset("smoke").model_config(50304).n_layer == 2
+
+
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
+    data = write_text(tmp_path / "text.txt")
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "scratchlm", "train", "--data", str(data), "--n_layer", "1", "--n_embd", "32",
+           "--block_size", "16", "--batch_size", "4", "--max_steps", "100000", "--log_interval", "1",
+           "--eval_interval", "0", "--checkpoint_interval", "100000", "--out_dir", str(run),
+           "--data_cache", str(tmp_path / "data"), "--progress", "lines", "--threads", "1"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    for line in proc.stdout:
+        if line.startswith("step 5/"):
+            break
+    os.kill(proc.pid, signal.SIGTERM)
+    out = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, out
+    assert "stopped at step" in out and "SIGTERM" in out
+    _, _, info = ck.load_model(run)
+    stopped_at = info["step"]
+    assert stopped_at >= 5
+    code = cli_main(["train", "--resume", str(run), "--max_steps", str(stopped_at + 3), "--progress", "quiet"])
+    assert code == 0
+    assert ck.load_model(run)[2]["step"] == stopped_at + 3
