@@ -14,24 +14,122 @@ from scratchlm.errors import UserError
 
 
 def _add_inspect(sub) -> None:
-    p = sub.add_parser("inspect", help="shapes at every station and parameter counts of a model")
-    p.add_argument("--preset", default="smoke", help="model preset name (default: smoke)")
+    p = sub.add_parser("inspect", help="shapes at every station, parameter counts, FLOPs and training memory of a model")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default=None, help="model preset name (default: smoke)")
+    src.add_argument("--checkpoint", metavar="DIR", help="a run or checkpoint directory to inspect instead")
     p.add_argument("--batch-size", "-B", type=int, default=2, help="B of the traced batch (default: 2)")
     p.add_argument("--seq-len", "-T", type=int, default=16, help="T of the traced batch (default: 16)")
+    p.add_argument("--train-batch", type=int, default=8, help="batch size for the memory estimate (default: 8)")
+    p.add_argument("--train-seq-len", type=int, default=None,
+                   help="context length for the FLOP and memory figures (default: the model's block_size)")
+    p.add_argument("--json", action="store_true", help="print the same report as JSON")
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> int:
+    import json
+
+    from scratchlm.introspect import format_report, inspect_report
+
+    model = _load_model_for(args, default_preset="smoke")
+    cfg = model.config
+    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
+                        ("--train-batch", args.train_batch), ("--train-seq-len", args.train_seq_len)):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}")
+    if args.seq_len > cfg.block_size:
+        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context length block_size={cfg.block_size}")
+    if args.train_seq_len is not None and args.train_seq_len > cfg.block_size:
+        raise UserError(f"--train-seq-len {args.train_seq_len} exceeds the model's context length block_size={cfg.block_size}")
+    report = inspect_report(model, args.batch_size, args.seq_len, args.train_batch, args.train_seq_len)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _load_model_for(args, default_preset: str):
+    """The model named by --checkpoint (a run or checkpoint dir) or --preset (random weights)."""
+    if getattr(args, "checkpoint", None):
+        from scratchlm.checkpoint import load_model
+
+        model, _, _ = load_model(args.checkpoint)
+        return model
     from scratchlm.config import GPTConfig
-    from scratchlm.introspect import format_inspect
     from scratchlm.model import GPT
 
+    return GPT(GPTConfig.from_name(args.preset or default_preset))
+
+
+def _add_walkthrough(sub) -> None:
+    p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, torch beside the NumPy reference")
+    p.add_argument("--preset", default="hand", help="model preset (default: hand: T=3, C=2, H=2, V=5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
+    p.add_argument("--ids", default=None,
+                   help="comma-separated token ids (default: 1,3,2)")
+    p.add_argument("--init", choices=("hand", "model"), default="hand",
+                   help="hand: weights are multiples of 0.1 in [-1, 1], biases 0 (default); model: the model's own init")
+    p.add_argument("--float32", action="store_true", help="compute in float32 instead of float64")
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    p.set_defaults(run=_run_walkthrough)
+
+
+def _run_walkthrough(args) -> int:
+    import json
+
+    import torch
+
+    from scratchlm.config import GPTConfig
+    from scratchlm.introspect import WALKTHROUGH_IDS, format_walkthrough, walkthrough, walkthrough_json
+
     cfg = GPTConfig.from_name(args.preset)
-    if args.batch_size <= 0 or args.seq_len <= 0:
-        raise UserError("--batch-size and --seq-len must be positive")
-    if args.seq_len > cfg.block_size:
-        raise UserError(f"--seq-len {args.seq_len} exceeds the preset's context length block_size={cfg.block_size}")
-    print(format_inspect(GPT(cfg), args.batch_size, args.seq_len))
+    ids = list(WALKTHROUGH_IDS)[: cfg.block_size]
+    if args.ids is not None:
+        try:
+            ids = [int(x) for x in args.ids.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--ids must be comma-separated whole numbers, got {args.ids!r}") from None
+    if not ids or len(ids) > cfg.block_size or any(not 0 <= i < cfg.vocab_size for i in ids):
+        raise UserError(f"--ids: give 1 to {cfg.block_size} ids in 0..{cfg.vocab_size - 1} for preset {args.preset}")
+    w = walkthrough(ids, preset=args.preset, seed=args.seed, init=args.init,
+                    dtype=torch.float32 if args.float32 else torch.float64)
+    print(json.dumps(walkthrough_json(w), indent=1) if args.json else format_walkthrough(w))
+    return 0
+
+
+def _add_attention(sub) -> None:
+    p = sub.add_parser("attention", help="attention heatmaps per layer and head for a prompt (PNG)")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or checkpoint directory")
+    p.add_argument("--prompt", required=True, help="the text whose attention to draw")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the PNG")
+    p.add_argument("--layer", type=int, action="append", help="only this layer (repeatable; default: all)")
+    p.add_argument("--head", type=int, action="append", help="only this head (repeatable; default: all)")
+    p.add_argument("--dpi", type=int, default=100, help="pixels per inch; each panel is 3 x 3 inches (default: 100)")
+    p.set_defaults(run=_run_attention)
+
+
+def _run_attention(args) -> int:
+    from scratchlm.checkpoint import load_model
+    from scratchlm.introspect import attention_figure, attention_weights, save_figure, token_labels
+
+    model, tokenizer, _ = load_model(args.checkpoint)
+    if tokenizer is None:
+        raise UserError(f"{args.checkpoint}: has no saved tokenizer, so the prompt cannot be turned into token ids")
+    if not args.out.lower().endswith(".png"):
+        raise UserError(f"--out {args.out}: the attention map is written as PNG; give a file name ending in .png")
+    ids = tokenizer.encode(args.prompt)
+    if not ids:
+        raise UserError("--prompt is empty after tokenization; give some text")
+    if len(ids) > model.config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens, longer than the context length {model.config.block_size}; shorten it")
+    if args.dpi <= 0:
+        raise UserError(f"--dpi must be positive, got {args.dpi}")
+    weights = attention_weights(model, ids)
+    try:
+        fig = attention_figure(weights, token_labels(tokenizer, ids), layers=args.layer, heads=args.head, dpi=args.dpi)
+    except ValueError as exc:
+        raise UserError(f"{exc}; choose with --layer / --head") from None
+    out = save_figure(fig, args.out)
+    print(f"wrote {out} ({len(fig.axes)} panels, {len(ids)} tokens)")
     return 0
 
 
@@ -174,6 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_inspect(sub)
+    _add_walkthrough(sub)
+    _add_attention(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_plot(sub)
