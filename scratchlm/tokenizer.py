@@ -282,6 +282,7 @@ class GPT2Tokenizer:
         self.rank_file = rank_file
         self.vocab_size = encoding.n_vocab
         self.bos_id = self.eos_id = encoding.eot_token
+        self._byte_lengths: np.ndarray | None = None
 
     @classmethod
     def from_rank_file(cls, path: str | os.PathLike) -> "GPT2Tokenizer":
@@ -324,9 +325,12 @@ class GPT2Tokenizer:
         return self._enc.decode(list(ids))
 
     def token_byte_lengths(self) -> np.ndarray:
-        lengths = np.array([len(self._enc.decode_single_token_bytes(i)) for i in range(self.vocab_size)], dtype=np.int64)
-        lengths[self.eos_id] = 0
-        return lengths
+        """(vocab_size,) bytes each id stands for; 0 for <|endoftext|>. Computed once."""
+        if self._byte_lengths is None:
+            lengths = [len(self._enc.decode_single_token_bytes(i)) for i in range(self.vocab_size)]
+            self._byte_lengths = np.array(lengths, dtype=np.int64)
+            self._byte_lengths[self.eos_id] = 0
+        return self._byte_lengths
 
     def save(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)
