@@ -644,12 +644,18 @@ def stream(
     """
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                     repetition_penalty=repetition_penalty, greedy=greedy)
+    # Checked and encoded now, not at the first next(): errors and the crop warning come
+    # before the caller prints anything.
     _check_generate_options(1, 1, max_new_tokens, sampling)
     _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
     stops = [s for s in (stop or []) if s]
-    printer = IncrementalText(stops)
+    rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling)
+    return _printable_pieces(rows, IncrementalText(stops))
+
+
+def _printable_pieces(rows: Iterator[list[_Row]], printer: IncrementalText) -> Iterator[str]:
     row = None
-    for (row,) in _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling):
+    for (row,) in rows:
         piece = printer.piece(row.text, final=row.reason is not None)
         if piece:
             yield piece

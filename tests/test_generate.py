@@ -498,3 +498,98 @@ def test_unknown_characters_for_a_char_tokenizer_are_a_clear_error():
     model = _model(vocab_size=tok.vocab_size)
     with pytest.raises(UserError, match="x"):
         generate(model, tok, "abx", max_new_tokens=3)
+
+
+# --------------------------------------------------------------------------------------------
+# The command line
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def char_checkpoint(tmp_path):
+    checkpoint = pytest.importorskip("scratchlm.checkpoint")
+    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    tok = tokenizer_module.CharTokenizer("abcdefgh \n")
+    model = _model(seed=23, vocab_size=tok.vocab_size)  # a seed whose greedy text varies
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+    out = checkpoint.save_model_checkpoint(model, tok, tmp_path / "ckpt")
+    return out, model, tok
+
+
+def _cli(argv, capsys):
+    from scratchlm.cli import main
+
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_cli_greedy_prints_prompt_and_the_plain_loops_continuation(char_checkpoint, capsys):
+    path, model, tok = char_checkpoint
+    ids = _plain_loop(model, torch.tensor([tok.encode("abc")]), 25)[0][0, 3:].tolist()
+    if tok.eos_id in ids:
+        ids = ids[: ids.index(tok.eos_id)]
+    want = "abc" + tok.decode(ids) + "\n"
+    base = ["generate", "--checkpoint", str(path), "--prompt", "abc", "--max-new-tokens", "25"]
+    for extra in (["--greedy"], ["--greedy", "--no-cache"], ["--top-k", "1", "--seed", "3"], ["--temperature", "0"]):
+        code, out, err = _cli(base + extra, capsys)
+        assert (code, out, err) == (0, want, "")
+    code, out, _ = _cli(["generate", "--checkpoint", str(path), "--prompt", "abc", "--greedy", "--max-new-tokens", "25", "--no-echo"], capsys)
+    assert out == want[3:]
+
+
+def test_cli_refuses_bad_input_with_one_error_line(char_checkpoint, capsys, tmp_path):
+    path, _, _ = char_checkpoint
+    base = ["generate", "--checkpoint", str(path)]
+    for argv, needle in [
+        (["--prompt", "a", "--max-new-tokens", "-1"], "--max-new-tokens"),
+        (["--prompt", "a", "--max-new-tokens", "1000000"], "--max-new-tokens"),
+        (["--prompt", "abxyz"], "x"),  # characters the char tokenizer does not know, named
+        (["--prompt", "a", "--top-p", "0"], "top_p"),
+        (["--prompt-file", str(tmp_path / "missing.txt")], "missing.txt"),
+    ]:
+        code, out, err = _cli(base + argv, capsys)
+        assert code == 2 and out == "" and err.startswith("error: ") and needle in err and err.count("\n") == 1
+    code, _, err = _cli(["generate", "--checkpoint", str(tmp_path / "nowhere"), "--prompt", "a"], capsys)
+    assert code == 2 and "nowhere" in err
+
+
+def test_cli_samples_beams_stop_and_long_prompt(char_checkpoint, capsys, tmp_path):
+    path, model, tok = char_checkpoint
+    base = ["generate", "--checkpoint", str(path), "--max-new-tokens", "20"]
+    code, out, _ = _cli(base + ["--prompt", "ab", "--num-samples", "3", "--seed", "1"], capsys)
+    assert code == 0 and out.count("--- sample ") == 3
+    code, again, _ = _cli(base + ["--prompt", "ab", "--num-samples", "3", "--seed", "1"], capsys)
+    assert again == out
+    code, out, _ = _cli(base + ["--prompt", "ab", "--beams", "3", "--num-samples", "2"], capsys)
+    assert code == 0 and out.count("logprob") == 2
+
+    full = _plain_loop(model, torch.tensor([tok.encode("ab")]), 20)[0][0, 2:].tolist()
+    text = tok.decode(full[: full.index(tok.eos_id)] if tok.eos_id in full else full)
+    assert len(text) >= 8  # the fixture's model runs on long enough for a stop string inside
+    stop = text[5:7].replace("\n", "\\n")  # typed on a command line, a newline is \n
+    code, out, _ = _cli(base + ["--prompt", "ab", "--greedy", "--stop", stop], capsys)
+    assert out == "ab" + text[: text.find(text[5:7])] + "\n"
+
+    prompt_file = tmp_path / "long.txt"
+    prompt_file.write_text("abcdefgh" * 4, encoding="utf-8")  # 32 tokens, block_size 16
+    code, out, err = _cli(base + ["--prompt-file", str(prompt_file), "--greedy"], capsys)
+    assert code == 0 and err.startswith("warning: ") and "16" in err and out.startswith("abcdefgh" * 4)
+
+
+@pytest.mark.slow
+def test_cli_reads_the_prompt_from_stdin(char_checkpoint):
+    import subprocess
+    import sys
+
+    path, model, tok = char_checkpoint
+    ids = _plain_loop(model, torch.tensor([tok.encode("hag\n")]), 10)[0][0, 4:].tolist()
+    if tok.eos_id in ids:
+        ids = ids[: ids.index(tok.eos_id)]
+    run = subprocess.run(
+        [sys.executable, "-m", "scratchlm", "generate", "--checkpoint", str(path), "--greedy", "--max-new-tokens", "10"],
+        input="hag\n", capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout == "hag\n" + tok.decode(ids) + "\n"
