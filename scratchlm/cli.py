@@ -266,6 +266,98 @@ def _run_prepare(args) -> int:
     return 0
 
 
+def _add_generate(sub) -> None:
+    p = sub.add_parser("generate", help="continue a prompt with a trained model, printing text as it comes")
+    p.add_argument("--checkpoint", required=True, metavar="RUN_OR_CKPT_DIR",
+                   help="a run directory (its latest checkpoint is used) or one checkpoint directory")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--prompt", help="text to continue; default: stdin when it is piped, else start from BOS")
+    source.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file (used as is)")
+    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to add at most (default: 200)")
+    p.add_argument("--temperature", type=float, default=1.0, help="<1 sharper, >1 flatter, 0 greedy (default: 1)")
+    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
+    p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens holding this much probability")
+    p.add_argument("--min-p", type=float, help="drop tokens less likely than this fraction of the top token")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help=">1 discourages tokens already present")
+    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
+    p.add_argument("--beams", type=int, default=1, help="beam search with this many beams (default: 1, off)")
+    p.add_argument("--length-penalty", type=float, default=1.0,
+                   help="beam search ranks by logprob / length^this (default: 1)")
+    p.add_argument("--num-samples", type=int, default=1, help="continuations to draw (default: 1)")
+    p.add_argument("--seed", type=int, help="fix the random draws: one seed, one output")
+    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                   help="end the text before this string (repeatable; \\n and \\t are understood)")
+    p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (the plain loop)")
+    p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
+    p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.set_defaults(run=_run_generate)
+
+
+def _read_prompt(args) -> str:
+    if args.prompt is not None:
+        return args.prompt
+    if args.prompt_file is not None:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as f:
+                return f.read()
+        except OSError as exc:
+            raise UserError(f"--prompt-file {args.prompt_file}: cannot read it ({exc.strerror})") from None
+        except UnicodeDecodeError as exc:
+            raise UserError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    if sys.stdin is not None and not sys.stdin.isatty():
+        return sys.stdin.read()
+    return ""  # nothing given: start from BOS
+
+
+def _run_generate(args) -> int:
+    import warnings
+
+    import torch
+
+    from scratchlm.checkpoint import load_model
+    from scratchlm.generate import MAX_NEW_TOKENS_LIMIT, generate, stream
+
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
+        raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
+    device = args.device
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif device.startswith("cuda") and not torch.cuda.is_available():
+        raise UserError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
+    prompt = _read_prompt(args)
+    model, tokenizer, info = load_model(args.checkpoint, device=device)
+    if tokenizer is None:
+        raise UserError(f"{info['checkpoint']}: no tokenizer saved with this checkpoint or its run; cannot turn text into ids")
+    options = dict(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+        min_p=args.min_p, repetition_penalty=args.repetition_penalty, greedy=args.greedy, seed=args.seed,
+        stop=stops, use_cache=not args.no_cache,
+    )
+    out = sys.stdout
+    with warnings.catch_warnings():
+        # a cropped prompt is reported as one plain line on stderr, before any text
+        warnings.showwarning = lambda message, *rest, **kw: print(f"warning: {message}", file=sys.stderr, flush=True)
+        if args.beams == 1 and args.num_samples == 1:
+            pieces = stream(model, tokenizer, prompt, **options)  # checks options and prompt first
+            if not args.no_echo:
+                out.write(prompt)
+                out.flush()
+            for piece in pieces:
+                out.write(piece)
+                out.flush()
+            out.write("\n")
+            return 0
+        result = generate(model, tokenizer, prompt, num_samples=args.num_samples, beams=args.beams,
+                          length_penalty=args.length_penalty, **options)
+    for i, text in enumerate(result.texts):
+        header = f"--- sample {i + 1}/{len(result.texts)}"
+        if result.logprobs is not None:
+            header += f", logprob {result.logprobs[i]:.4f}"
+        out.write(f"{header} ---\n{'' if args.no_echo else prompt}{text}\n")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="scratchlm", description="A GPT built from scratch, every step visible.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -277,6 +369,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_prepare(sub)
     _add_train(sub)
     _add_plot(sub)
+    _add_generate(sub)
     return parser
 
 
