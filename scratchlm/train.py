@@ -235,6 +235,8 @@ class TrainResult:
     stopped: bool = False
     """True when a signal or on_step stopped the run early (a checkpoint was saved)."""
     sample: str | None = None
+    is_main: bool = True
+    """False on the processes of a multi-process run other than rank 0 (they print nothing)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -959,7 +961,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     result = TrainResult(
         run_dir=run_dir, step=step, tokens_seen=tokens_seen, losses=losses, val_loss=val_loss, val_bpb=bpb,
         elapsed_s=elapsed, tokens_per_s=done_tokens / elapsed if elapsed > 0 else 0.0, bad_steps=bad_total,
-        stopped=stopped, sample=sample,
+        stopped=stopped, sample=sample, is_main=d.is_main,
     )
     reporter.record("end", step=step, elapsed_s=elapsed, tokens_per_s=result.tokens_per_s, val_loss=val_loss,
                     val_bpb=bpb, bad_steps=bad_total, stopped=stopped)
@@ -981,9 +983,13 @@ def _jsonable(value: Any) -> Any:
 
 def _apply_fsdp(model: GPT, device: torch.device, d: _Dist) -> torch.nn.Module:
     """Shard every block, then the rest (embeddings, final norm, head), over all processes."""
+    import warnings
+
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    # The loop never modifies the model's outputs in place, which is what this warning is about.
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     mesh = init_device_mesh(device.type, (d.world_size,))
     for block in model.transformer.h:
         fully_shard(block, mesh=mesh)
