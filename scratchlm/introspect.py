@@ -273,11 +273,12 @@ class MemoryEstimate:
     adamw_state: int
     activations: int
     activations_checkpointed: int
+    loss_temporaries: int  # gradients of the log-probabilities and of the logits, B*T*V each, during backward
     total: int = 0
     total_checkpointed: int = 0
 
     def __post_init__(self):
-        fixed = self.weights + self.weight_copies + self.gradients + self.adamw_state
+        fixed = self.weights + self.weight_copies + self.gradients + self.adamw_state + self.loss_temporaries
         self.total = fixed + self.activations
         self.total_checkpointed = fixed + self.activations_checkpointed
 
@@ -292,8 +293,9 @@ def memory_estimate(cfg: GPTConfig, batch_size: int, seq_len: int, precision: st
     matmul inputs/outputs are kept in bf16 (2 bytes); the residual stream and statistics stay fp32.
     With checkpointing only each block's input is kept; during the backward pass one block at a
     time is recomputed, so one block's activations come back on top.
-    Not included: the CUDA context, allocator slack, and short-lived buffers (e.g. the logits and
-    their gradient at the loss, B*T*V each), so leave some headroom.
+    The loss adds two short-lived B*T*V buffers during backward (loss_temporaries, derived, not
+    measured). Not included: the CUDA context, allocator slack, other short-lived buffers and
+    torch.compile's workspace, so leave some headroom.
     """
     if precision not in PRECISIONS:
         raise ValueError(f"precision must be one of {PRECISIONS}, got {precision!r}")
@@ -315,6 +317,9 @@ def memory_estimate(cfg: GPTConfig, batch_size: int, seq_len: int, precision: st
         adamw_state=2 * 4 * P,
         activations=full,
         activations_checkpointed=checkpointed,
+        # the backward of log_softmax holds its incoming gradient (fp32) and writes the logits'
+        # gradient (fp32, or bf16 after autocast's cast back): short-lived but at the peak
+        loss_temporaries=batch_size * seq_len * cfg.vocab_size * (4 + act),
     )
 
 
@@ -388,20 +393,20 @@ def format_report(report: dict[str, Any]) -> str:
     lines.append("  seed estimate: 12*N*C^2 + 2*V*C (no biases, norms or position table)")
 
     fl = report["flops_per_token"]
-    lines += [
-        "",
-        f"FLOPs per token at context T={fl['seq_len']} (matmuls only; 1 multiply-add = 2 FLOPs):",
-        f"  weights    2 * N_matmul = 2 * {fl['matmul_params']:,}   {_si(fl['forward_weights'])}FLOP",
-        f"  attention  4 * n_layer * T * C                  {_si(fl['forward_attention'])}FLOP",
-        f"  forward    sum of the two                       {_si(fl['forward'])}FLOP",
-        f"  training   3 * forward (backward = 2 x forward) {_si(fl['training'])}FLOP",
-        f"  rule of thumb 6 * N (non-embedding)             {_si(fl['six_n'])}FLOP",
-    ]
+    lines += ["", f"FLOPs per token at context T={fl['seq_len']} (matmuls only; 1 multiply-add = 2 FLOPs):"]
+    for label, value in (
+        (f"weights    2 * N_matmul (N_matmul = {fl['matmul_params']:,})", fl["forward_weights"]),
+        ("attention  4 * n_layer * T * C", fl["forward_attention"]),
+        ("forward    weights + attention", fl["forward"]),
+        ("training   3 * forward (backward = 2 x forward)", fl["training"]),
+        ("rule of thumb: 6 * N (N without embeddings)", fl["six_n"]),
+    ):
+        lines.append(f"  {label:<52}{_si(value):>10}FLOP")
 
     mem = report["memory"]
     est = {e["precision"]: e for e in mem["estimates"]}
     lines += ["", f"training memory at B={mem['batch_size']}, T={mem['seq_len']} with AdamW (estimate):",
-              f"  {'':<34}" + "".join(f"{p:>16}" for p in PRECISIONS)]
+              f"  {'':<38}" + "".join(f"{p:>16}" for p in PRECISIONS)]
     for key, label in (
         ("weights", "weights (fp32)"),
         ("weight_copies", "bf16 weight copies (autocast)"),
@@ -409,11 +414,12 @@ def format_report(report: dict[str, Any]) -> str:
         ("adamw_state", "AdamW moments m, v (fp32)"),
         ("activations", "activations"),
         ("activations_checkpointed", "activations, checkpointing"),
+        ("loss_temporaries", "loss gradients (B*T*V, at backward)"),
         ("total", "total"),
         ("total_checkpointed", "total with checkpointing"),
     ):
-        lines.append(f"  {label:<34}" + "".join(f"{_gib(est[p][key]):>16}" for p in PRECISIONS))
-    lines.append("  not included: CUDA context, allocator slack, the logits and their gradient at the loss")
+        lines.append(f"  {label:<38}" + "".join(f"{_gib(est[p][key]):>16}" for p in PRECISIONS))
+    lines.append("  not included: CUDA context, allocator slack, torch.compile workspace; keep ~10-20% headroom")
     return "\n".join(lines)
 
 

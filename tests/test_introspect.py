@@ -217,7 +217,8 @@ def test_memory_totals_add_up_and_scale():
     P = 13_356_928
     est = ins.memory_estimate(cfg, 8, 256, "fp32")
     assert est.weights == est.gradients == 4 * P and est.adamw_state == 8 * P
-    assert est.total == 16 * P + est.activations
+    assert est.loss_temporaries == 8 * 256 * 50304 * 8  # two fp32 B*T*V buffers
+    assert est.total == 16 * P + est.activations + est.loss_temporaries
     bf16 = ins.memory_estimate(cfg, 8, 256, "bf16-mixed")
     assert bf16.weight_copies == 2 * (2 * 12 * 128**2 + 50304 * 128)  # 2 bytes per block and lm_head weight
 
