@@ -189,6 +189,31 @@ def test_top_p_matches_brute_force_and_is_never_empty(logits, p):
     assert torch.equal(top_p_filter(row, p)[0][torch.from_numpy(kept)], row[0][torch.from_numpy(kept)])
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    logits=st.lists(st.floats(-4, 4, allow_nan=False, width=32), min_size=2, max_size=7),
+    k=st.integers(0, 6),
+    offset=st.floats(1e-4, 2e-3),
+    above=st.booleans(),
+)
+def test_top_p_just_above_and_below_each_cumulative_sum(logits, k, offset, above):
+    """p placed a hair away from where one more token becomes necessary: the borderline cases."""
+    row = torch.tensor([logits], dtype=torch.float32)
+    probs = torch.softmax(row.double(), dim=-1)[0].numpy()
+    cums = np.cumsum(np.sort(probs)[::-1])
+    p = float(cums[min(k, len(cums) - 1)] + (offset if above else -offset))
+    assume(0.0 < p < 1.0 and np.all(np.abs(cums - p) > 5e-5))
+    kept = torch.isfinite(top_p_filter(row, p))[0].numpy()
+    assert kept.sum() == _brute_force_nucleus_size(probs, p)
+
+
+def test_top_p_by_hand():
+    row = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
+    for p, want in [(0.1, [False, True, False]), (0.4999, [False, True, False]), (0.5001, [False, True, True]),
+                    (0.7999, [False, True, True]), (0.8001, [True, True, True]), (1.0, [True, True, True])]:
+        assert torch.isfinite(top_p_filter(row, p))[0].tolist() == want, p
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     logits=st.lists(st.one_of(st.floats(-1e4, 1e4, width=32), st.just(float("-inf"))), min_size=1, max_size=9),
