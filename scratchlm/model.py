@@ -27,7 +27,7 @@ from scratchlm.config import GPTConfig
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     """Fixed positions (S13): PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same).
 
-    Returns (n_pos, dim) float32. An odd `dim` keeps the sine of its last pair only.
+    Returns (n_pos, dim) float64. An odd `dim` keeps the sine of its last pair only.
     """
     pos = torch.arange(n_pos, dtype=torch.float64)[:, None]  # (n_pos, 1)
     two_i = torch.arange(0, dim, 2, dtype=torch.float64)  # (ceil(dim/2),)
@@ -35,18 +35,18 @@ def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
     table = torch.zeros(n_pos, dim, dtype=torch.float64)
     table[:, 0::2] = torch.sin(angle)
     table[:, 1::2] = torch.cos(angle[:, : dim // 2])
-    return table.float()
+    return table
 
 
 def rope_tables(n_pos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos and sin of RoPE's angles, each (n_pos, head_dim / 2).
+    """cos and sin of RoPE's angles, each (n_pos, head_dim / 2), float64.
 
     Pair i of a head (dimension i and i + head_dim/2, the "rotate half" layout) turns by
     pos * theta^(-2i / head_dim).
     """
     inv_freq = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)  # (hs/2,)
     angle = torch.arange(n_pos, dtype=torch.float64)[:, None] * inv_freq[None, :]  # (n_pos, hs/2)
-    return torch.cos(angle).float(), torch.sin(angle).float()
+    return torch.cos(angle), torch.sin(angle)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -221,15 +221,38 @@ class GPT(nn.Module):
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=config.lm_head_bias)
         if config.tie_weights:
             self.lm_head.weight = self.transformer.wte.weight  # one (V, C) matrix, two uses
-        # Fixed tables are buffers, not parameters, and are rebuilt rather than saved.
+        # Fixed tables are buffers, not parameters: they move with the model but are not saved.
         if config.pos_embedding == "sinusoidal":
-            self.register_buffer("pos_table", sinusoidal_table(config.block_size, config.n_embd), persistent=False)
+            self.register_buffer("pos_table", torch.empty(0), persistent=False)
         if config.pos_embedding == "rope":
-            cos, sin = rope_tables(config.block_size, config.head_dim, config.rope_theta)
-            self.register_buffer("rope_cos", cos, persistent=False)
-            self.register_buffer("rope_sin", sin, persistent=False)
+            self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+            self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        self._build_fixed_tables()
         self.gradient_checkpointing = False
         self.init_weights()
+
+    def _build_fixed_tables(self) -> None:
+        """(Re)compute the sinusoidal / RoPE tables in float64 and round once to the buffers' dtype.
+
+        Called again after every .to()/.double()/.half(), so a float64 model gets exact float64
+        tables instead of float32 values widened (about 3e-8 off).
+        """
+        cfg = self.config
+        if cfg.pos_embedding == "sinusoidal":
+            buf = self.pos_table
+            dtype = buf.dtype if buf.is_floating_point() else torch.float32
+            self.pos_table = sinusoidal_table(cfg.block_size, cfg.n_embd).to(buf.device, dtype)
+        if cfg.pos_embedding == "rope":
+            buf = self.rope_cos
+            dtype = buf.dtype if buf.is_floating_point() else torch.float32
+            cos, sin = rope_tables(cfg.block_size, cfg.head_dim, cfg.rope_theta)
+            self.rope_cos = cos.to(buf.device, dtype)
+            self.rope_sin = sin.to(buf.device, dtype)
+
+    def _apply(self, fn, *args, **kwargs):
+        super()._apply(fn, *args, **kwargs)
+        self._build_fixed_tables()
+        return self
 
     @torch.no_grad()
     def init_weights(self) -> None:
@@ -349,8 +372,10 @@ class GPT(nn.Module):
         loss = None
         if targets is not None:
             V = logits.shape[-1]
-            # over the flattened (B*T, V) scores, in float32 even under autocast
-            loss = F.cross_entropy(logits.view(-1, V).float(), targets.reshape(-1).long(), ignore_index=ignore_index)
+            # over the flattened (B*T, V) scores, in float32 even under autocast (float64 stays)
+            flat = logits.view(-1, V)
+            flat = flat if flat.dtype == torch.float64 else flat.float()
+            loss = F.cross_entropy(flat, targets.reshape(-1).long(), ignore_index=ignore_index)
         return logits, loss
 
     def num_params(self, embeddings: bool = True) -> int:
