@@ -422,6 +422,8 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
         # Training and encoding both read the text: parse it once when it fits in memory.
         cached = list(documents())
         documents = lambda: iter(cached)  # noqa: E731
+    if next(documents(), None) is None:
+        raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
     tok = _build_tokenizer(cfg, (doc for _, doc in documents()))
     t_tokenizer = time.perf_counter()
 
@@ -458,9 +460,6 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
         flush(batch, out)
         bar.update(bar.total - bar.n)
     t_encode = time.perf_counter()
-
-    if not doc_lengths:
-        raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
 
     all_tokens = np.memmap(all_path, dtype=dtype, mode="r") if all_path.stat().st_size else np.zeros(0, dtype)
     n = len(all_tokens)
