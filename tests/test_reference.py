@@ -47,26 +47,6 @@ def _config(pos="learned", norm="layernorm", act="relu", where="pre", tie=False,
     )
 
 
-def _float64_tables(model: GPT) -> None:
-    """Rebuild the fixed position tables in full float64 precision.
-
-    model.py computes them in float64 but stores them rounded to float32, so after model.double()
-    they are off by ~3e-8 and no float64 comparison could reach 1e-10 (reported, not fixed here).
-    Written out in torch from the formulas, independently of the reference.
-    """
-    cfg = model.config
-    pos = torch.arange(cfg.block_size, dtype=torch.float64)[:, None]  # (T_max, 1)
-    if hasattr(model, "pos_table"):
-        angle = pos / 10000.0 ** (torch.arange(0, cfg.n_embd, 2, dtype=torch.float64) / cfg.n_embd)
-        table = torch.zeros(cfg.block_size, cfg.n_embd, dtype=torch.float64)
-        table[:, 0::2], table[:, 1::2] = torch.sin(angle), torch.cos(angle[:, : cfg.n_embd // 2])
-        model.pos_table = table
-    if hasattr(model, "rope_cos"):
-        inv_freq = cfg.rope_theta ** (-torch.arange(0, cfg.head_dim, 2, dtype=torch.float64) / cfg.head_dim)
-        angle = pos * inv_freq[None, :]  # (T_max, hs/2)
-        model.rope_cos, model.rope_sin = torch.cos(angle), torch.sin(angle)
-
-
 def _perturbed_model(cfg: GPTConfig, dtype: torch.dtype, seed: int = 0) -> GPT:
     torch.manual_seed(seed)
     model = GPT(cfg).eval()
@@ -75,7 +55,6 @@ def _perturbed_model(cfg: GPTConfig, dtype: torch.dtype, seed: int = 0) -> GPT:
             p.add_(0.3 * torch.randn_like(p))
     if dtype == torch.float64:
         model = model.double()
-        _float64_tables(model)
     return model
 
 
