@@ -771,7 +771,10 @@ def find_font_for(text: str) -> str | None:
     for path in dict.fromkeys(candidates):
         if _font_covers(path, chars):
             font_manager.fontManager.addfont(path)
-            return font_manager.FontProperties(fname=path).get_name()
+            # a .ttc holds several faces (JP, SC, ...); prefer the Chinese one when it is there
+            faces = {f.name for f in font_manager.fontManager.ttflist if f.fname == path}
+            preferred = [name for name in _CJK_FAMILIES if name in faces]
+            return preferred[0] if preferred else font_manager.FontProperties(fname=path).get_name()
     return None
 
 
