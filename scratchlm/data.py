@@ -156,6 +156,12 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], dty
     return path
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 class _atomic_file:
     """open(path, 'wb') that only appears under `path` once closed without an exception."""
 
@@ -170,6 +176,7 @@ class _atomic_file:
     def __exit__(self, exc_type, exc, tb):
         self.f.close()
         if exc_type is None:
+            os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
             os.replace(self.tmp, self.path)
         else:
             os.unlink(self.tmp)
@@ -406,6 +413,30 @@ def _check_window(cfg: DataConfig, name: str, count: int) -> None:
         )
 
 
+def _split_ranges(cfg: DataConfig, doc_lengths: list[int]):
+    """(train ranges, val ranges, train documents, val documents) over the concatenated stream,
+    where document i covers [starts[i], starts[i+1]) and a document's count goes to the split
+    holding its BOS."""
+    starts = np.concatenate([[0], np.cumsum(doc_lengths)]).astype(np.int64)
+    n, n_docs = int(starts[-1]), len(doc_lengths)
+    if cfg.split == "tail":
+        n_train = int(n * (1 - cfg.val_fraction))  # nanoGPT's int(n * 0.9)
+        docs_train = int((starts[:-1] < n_train).sum())
+        return [(0, n_train)], [(n_train, n)], docs_train, n_docs - docs_train
+    n_val = max(1, round(n_docs * cfg.val_fraction)) if cfg.val_fraction > 0 else 0
+    if n_val >= n_docs:
+        raise UserError(
+            f"the documents split would send all {n_docs} document(s) to validation (--val-fraction "
+            f"{cfg.val_fraction}); use more documents, a smaller --val-fraction, or --split tail"
+        )
+    is_val = np.zeros(n_docs, dtype=bool)
+    is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True
+    ranges = [(int(starts[i]), int(starts[i + 1])) for i in range(n_docs)]
+    train = [r for r, v in zip(ranges, is_val) if not v]
+    val = [r for r, v in zip(ranges, is_val) if v]
+    return train, val, n_docs - n_val, n_val
+
+
 def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
     """Everything prepare writes, into the empty folder `staging`; returns the meta dict."""
     t_start = time.perf_counter()
@@ -461,28 +492,8 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
         bar.update(bar.total - bar.n)
     t_encode = time.perf_counter()
 
-    all_tokens = np.memmap(all_path, dtype=dtype, mode="r") if all_path.stat().st_size else np.zeros(0, dtype)
-    n = len(all_tokens)
-    starts = np.concatenate([[0], np.cumsum(doc_lengths)])
-    if cfg.split == "tail":
-        n_train = int(n * (1 - cfg.val_fraction))
-        train_ranges, val_ranges = [(0, n_train)], [(n_train, n)]
-        docs_train = int((starts[:-1] < n_train).sum())  # documents whose BOS is in train
-        docs_val = len(doc_lengths) - docs_train
-    else:
-        n_docs = len(doc_lengths)
-        n_val = max(1, round(n_docs * cfg.val_fraction)) if cfg.val_fraction > 0 else 0
-        if n_val >= n_docs:
-            raise UserError(
-                f"the documents split needs at least 2 documents and leaves training some; the input has {n_docs}; "
-                "use --split tail or more documents"
-            )
-        is_val = np.zeros(n_docs, dtype=bool)
-        is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True
-        train_ranges = [(int(starts[i]), int(starts[i + 1])) for i in range(n_docs) if not is_val[i]]
-        val_ranges = [(int(starts[i]), int(starts[i + 1])) for i in range(n_docs) if is_val[i]]
-        docs_train, docs_val = n_docs - n_val, n_val
-
+    all_tokens = np.memmap(all_path, dtype=dtype, mode="r")
+    train_ranges, val_ranges, docs_train, docs_val = _split_ranges(cfg, doc_lengths)
     n_train = sum(b - a for a, b in train_ranges)
     n_val = sum(b - a for a, b in val_ranges)
     _check_window(cfg, "train", n_train)
@@ -541,6 +552,7 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | Non
         raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder may become out_dir itself
     try:
         _build(cfg, staging, progress)
         _publish(staging, out_dir)

@@ -498,6 +498,11 @@ BAD_INPUTS = {
     "vocab below bytes": ({"ok.txt": b"plenty of text\n" * 20}, ["--data", "{d}/ok.txt", "--vocab-size", "100"],
                           ["byte alphabet", "258"]),
     "missing path": ({}, ["--data", "{d}/nowhere.txt"], ["no such file or folder"]),
+    "unknown characters": ({"t.txt": b"abc cab!", "tok/tokenizer_config.json": b'{"kind": "char", "chars": "abc"}'},
+                           ["--data", "{d}/t.txt", "--tokenizer", "char", "--tokenizer-file", "{d}/tok"],
+                           ["not in the char tokenizer's vocabulary", "' '", "'!'"]),
+    "one document, documents split": ({"one.txt": b"a single document\n" * 20}, ["--data", "{d}/one.txt", "--split", "documents"],
+                                      ["all 1 document(s)"]),
     "vocab for char": ({"ok.txt": b"text\n"}, ["--data", "{d}/ok.txt", "--tokenizer", "char", "--vocab-size", "50"],
                        ["vocab_size"]),
 }
