@@ -48,16 +48,23 @@ def _run_inspect(args) -> int:
 
 
 def _load_model_for(args, default_preset: str):
-    """The model named by --checkpoint (a run or checkpoint dir) or --preset (random weights)."""
+    """The model named by --checkpoint (a run or checkpoint dir) or --preset.
+
+    A preset is built on the meta device: shapes and counts need no weights, and seed-400m
+    then costs no memory and no initialisation time."""
     if getattr(args, "checkpoint", None):
         from scratchlm.checkpoint import load_model
 
         model, _, _ = load_model(args.checkpoint)
         return model
+    import torch
+
     from scratchlm.config import GPTConfig
     from scratchlm.model import GPT
 
-    return GPT(GPTConfig.from_name(args.preset or default_preset))
+    cfg = GPTConfig.from_name(args.preset or default_preset)
+    with torch.device("meta"):
+        return GPT(cfg)
 
 
 def _add_walkthrough(sub) -> None:
