@@ -102,6 +102,8 @@ class DataConfig:
                                   + ("the input's characters" if self.tokenizer == "char" else "GPT-2 (50257)"))
             if self.vocab_size <= 0:
                 raise ConfigError("vocab_size", f"must be positive, got {self.vocab_size}")
+            if self.tokenizer_file is not None:
+                raise ConfigError("vocab_size", "a loaded tokenizer (tokenizer_file) has its own size; give one or the other")
         if not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError("val_fraction", f"must be in [0, 1), got {self.val_fraction}")
         if self.split not in SPLITS:

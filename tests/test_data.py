@@ -285,6 +285,28 @@ def test_prepare_replaces_an_existing_output(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["meta.json", "notes.txt", "tokenizer", "train.bin", "val.bin"]
 
 
+def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
+    import scratchlm.data as data_module
+
+    _write(tmp_path / "t.txt", "old text\n" * 20)
+    cfg = DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char")
+    out = prepare(cfg, tmp_path / "out", progress=False)
+    before = _snapshot(out)
+    _write(tmp_path / "t.txt", "new text\n" * 20)
+    real_copy = data_module._copy_tokens
+    calls = []
+
+    def copy_then_interrupt(*args):
+        calls.append(real_copy(*args))
+        raise KeyboardInterrupt  # as if Ctrl-C came after train.bin was written
+
+    monkeypatch.setattr(data_module, "_copy_tokens", copy_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg, out, progress=False)
+    assert calls and _snapshot(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.txt"]
+
+
 @settings(max_examples=80, deadline=None)
 @given(text=st.text(alphabet=st.sampled_from(list("ab c\n\n\t\r.'sé中 ") + ["\u2028", "\x85"]), max_size=300),
        target=st.integers(1, 40))
