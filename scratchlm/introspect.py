@@ -449,6 +449,7 @@ _BLOCK_STEPS = [
     ("v", "V = ln_1(x) W_V^T, split into heads  (H, T, hs)"),
     ("scores", "scores = Q K^T / sqrt(hs) per head  (H, T, T)"),
     ("mask", "causal mask: 1 where query t may see key s <= t  (T, T)"),
+    ("masked_scores", "scores with the future set to -inf  (H, T, T)"),
     ("weights", "softmax of the masked scores over each row  (H, T, T)"),
     ("heads", "head outputs = weights @ V  (H, T, hs)"),
     ("concat", "heads side by side  (T, C)"),
@@ -552,6 +553,7 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
         out[p + "q"], out[p + "k"], out[p + "v"] = q, k, v
         out[p + "scores"] = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (H, T, T), before the mask
         out[p + "mask"] = torch.ones(T, T, dtype=torch.bool).tril()
+        out[p + "masked_scores"] = out[p + "scores"].masked_fill(~out[p + "mask"], float("-inf"))
         out[p + "weights"] = weights[i][0]  # (H, T, T), from the model's own softmax
         out[p + "heads"] = out[p + "concat"].view(T, H, hs).transpose(0, 1)  # (H, T, hs)
     out["logits"] = logits[0]
@@ -630,7 +632,10 @@ def walkthrough_of(model: GPT, ids: Sequence[int], *, preset: str = "custom", se
         a, b = ours[key], np.asarray(reference[key])
         if a.shape != b.shape:
             raise AssertionError(f"{key}: torch shape {a.shape} but NumPy shape {b.shape}")
-        diff = float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64)))) if a.size else 0.0
+        a64, b64 = a.astype(np.float64), b.astype(np.float64)
+        same_inf = np.isinf(a64) & (a64 == b64)  # -inf where both mask the future: no difference
+        with np.errstate(invalid="ignore"):  # -inf - -inf, replaced by 0 just above
+            diff = float(np.max(np.where(same_inf, 0.0, np.abs(a64 - b64)))) if a.size else 0.0
         result.steps.append(WalkStep(key, title, a, b, diff))
     return result
 
@@ -682,8 +687,15 @@ def format_walkthrough(w: Walkthrough) -> str:
 
 
 def walkthrough_json(w: Walkthrough) -> dict[str, Any]:
+    """The walkthrough as plain JSON data; a masked score (-inf) becomes null, since JSON has no
+    infinities."""
+
     def lst(a: np.ndarray):
-        return a.astype(np.int64).tolist() if a.dtype == bool else a.tolist()
+        if a.dtype == bool:
+            return a.astype(np.int64).tolist()
+        if a.dtype.kind == "f" and not np.isfinite(a).all():
+            return np.where(np.isfinite(a), a, None).tolist()
+        return a.tolist()
 
     return {
         "preset": w.preset,

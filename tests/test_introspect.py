@@ -280,8 +280,10 @@ def test_walkthrough_cli_prints_every_station_and_json(capsys):
                    "h0.mlp_hidden", "probs", "largest difference over all steps"):
         assert needle in text
     assert main(["walkthrough", "--json", "--ids", "4,0"]) == 0
-    data = json.loads(capsys.readouterr().out)
+    data = json.loads(capsys.readouterr().out, parse_constant=lambda c: pytest.fail(f"not strict JSON: {c}"))
     assert data["ids"] == [4, 0] and data["max_diff"] < 1e-6
+    masked = [s for s in data["steps"] if s["key"] == "h0.masked_scores"][0]["numpy"]
+    assert masked[0][0][1] is None and masked[0][1][0] is not None  # head 0: the future is -inf
     probs = np.array([s for s in data["steps"] if s["key"] == "probs"][0]["numpy"])
     np.testing.assert_allclose(probs.sum(-1), 1.0)
     assert main(["walkthrough", "--ids", "1,9"]) == 2
