@@ -140,6 +140,51 @@ def _run_attention(args) -> int:
     return 0
 
 
+def _add_export_hf(sub) -> None:
+    p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face GPT-2 directory (loads offline in transformers)")
+    p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to create (must not exist, or be empty)")
+    p.set_defaults(run=_run_export_hf)
+
+
+def _run_export_hf(args) -> int:
+    import warnings
+
+    from scratchlm.checkpoint import load_model
+    from scratchlm.interop import export_hf
+
+    model, tokenizer, _ = load_model(args.checkpoint)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = export_hf(model, args.out_dir, tokenizer)
+    for w in caught:
+        print(f"note: {w.message}", file=sys.stderr)
+    print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")
+    return 0
+
+
+def _add_import_hf(sub) -> None:
+    p = sub.add_parser("import-hf", help="read a local Hugging Face GPT-2 directory into a scratchlm checkpoint")
+    p.add_argument("hf_dir", metavar="HF_DIR", help="a directory saved by save_pretrained (config.json + weights)")
+    p.add_argument("out_ckpt", metavar="OUT_CKPT", help="checkpoint directory to create")
+    p.set_defaults(run=_run_import_hf)
+
+
+def _run_import_hf(args) -> int:
+    from pathlib import Path
+
+    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.interop import import_hf_dir, import_hf_tokenizer
+
+    model = import_hf_dir(args.hf_dir)
+    tokenizer = import_hf_tokenizer(args.hf_dir)
+    source = {"imported_from": str(Path(args.hf_dir).resolve())}
+    out = save_model_checkpoint(model, tokenizer, args.out_ckpt, extra_config=source)
+    kind = f"{tokenizer.kind} tokenizer" if tokenizer is not None else "no tokenizer (none recognised in HF_DIR)"
+    print(f"wrote {out}: {model.num_params():,} parameters, {kind}")
+    return 0
+
+
 _TRAIN_EPILOG = """\
 Every training and model field is a flag (underscores or dashes: --n_layer 6, --n-layer 6); a
 --preset sets many at once and flags given after it change single fields. Booleans take
@@ -375,6 +420,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_inspect(sub)
     _add_walkthrough(sub)
     _add_attention(sub)
+    _add_export_hf(sub)
+    _add_import_hf(sub)
     _add_prepare(sub)
     _add_train(sub)
     _add_plot(sub)
