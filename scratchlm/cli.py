@@ -259,8 +259,6 @@ def _run_train(args) -> int:
         return 130
     if not result.is_main:
         return 0
-    if result.sample is not None:
-        print(f"sample:\n{result.sample}")
     print(f"continue a prompt with: scratchlm generate --checkpoint {result.run_dir}")
     return 0
 
