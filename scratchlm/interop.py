@@ -5,10 +5,13 @@ GPT-2's layout and ours differ in one way only: Hugging Face stores its four pro
 while a torch `nn.Linear` holds (out, in). Every other tensor keeps its name and shape, because our
 modules carry GPT-2's names. So the conversion is: transpose those four, copy the rest.
 
-Not every scratchlm model is a GPT-2. Export works when the architecture is representable: learned
-positions, LayerNorm, a ReLU/GELU/GELU-tanh MLP, pre-norm blocks. Biases GPT-2 has and we switched
-off are written as zeros (same function); an lm_head bias GPT-2 lacks is dropped if it is zero and
-refused otherwise. Anything else is refused with a `UserError` naming the config field.
+Not every scratchlm model is a GPT-2. Export works when the architecture is representable: position
+vectors added to the token embeddings, LayerNorm, a ReLU/GELU/GELU-tanh MLP, pre-norm blocks. Fixed
+sinusoidal positions become GPT-2's position table filled with the same values, and `none` a table of
+zeros: the function is the same (though transformers would train that table if fine-tuned). Biases
+GPT-2 has and we switched off are written as zeros (same function); an lm_head bias GPT-2 lacks is
+dropped if it is zero and refused otherwise. Anything else (RoPE, RMSNorm, SwiGLU, post-norm) is
+refused with a `UserError` naming the config field.
 
 Nothing here imports `transformers`: a Hugging Face model directory is just config.json plus
 safetensors, and an in-memory HF model is read through `.state_dict()` and `.config`.
@@ -303,7 +306,7 @@ def _gpt2_tokenizer_from_vocab(vocab: dict[str, int], merges: list) -> Any:
 def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: int | None = None) -> dict[str, Any]:
     """The config.json of the GPT-2 that computes what `config` computes; UserError if none does."""
     refusals = [
-        ("pos_embedding", config.pos_embedding != "learned", "GPT-2 has a learned position table only"),
+        ("pos_embedding", config.pos_embedding == "rope", "GPT-2 adds position vectors; it cannot rotate Q and K"),
         ("norm", config.norm != "layernorm", "GPT-2 uses LayerNorm with gamma and beta"),
         ("activation", config.activation not in ACTIVATIONS_TO_HF, "GPT-2's MLP has no gated (swiglu) form"),
         ("norm_position", config.norm_position != "pre", "GPT-2 blocks are pre-norm"),
@@ -350,6 +353,13 @@ def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
         )
     if cfg.tie_weights:
         state.pop("lm_head.weight")  # GPT-2 rebuilds the tie from wte (tie_word_embeddings)
+    if cfg.pos_embedding == "sinusoidal":
+        # a fixed table added to the embeddings is a learned table that happens to hold these values
+        state["transformer.wpe.weight"] = model.pos_table.detach().to("cpu", state["transformer.wte.weight"].dtype)
+    elif cfg.pos_embedding == "none":
+        state["transformer.wpe.weight"] = torch.zeros_like(state["transformer.wte.weight"][:1]).expand(
+            cfg.block_size, cfg.n_embd
+        )
     C, hidden = cfg.n_embd, cfg.mlp_hidden
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():

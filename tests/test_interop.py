@@ -256,11 +256,15 @@ EXPORTABLE = [
     dict(activation="gelu_tanh", tie_weights=True, qkv_bias=True, lm_head_bias=False, init="gpt2"),
     # exact GELU, more biases switched off, custom MLP width and eps
     dict(activation="gelu", proj_bias=False, mlp_bias=False, n_inner=48, norm_eps=1e-6, n_layer=3),
+    # fixed positions: written as GPT-2's position table holding the sinusoid, or zeros for none
+    dict(pos_embedding="sinusoidal"),
+    dict(pos_embedding="none", activation="gelu_tanh"),
 ]
 
 
 @pytest.mark.parametrize(
-    "overrides,attn", [(EXPORTABLE[0], "eager"), (EXPORTABLE[0], "sdpa"), (EXPORTABLE[1], "sdpa"), (EXPORTABLE[2], "eager")]
+    "overrides,attn",
+    [(EXPORTABLE[0], "eager"), (EXPORTABLE[0], "sdpa"), (EXPORTABLE[1], "sdpa")] + [(o, "eager") for o in EXPORTABLE[2:]],
 )
 def test_export_loads_in_transformers_with_same_logits_and_greedy(tmp_path, overrides, attn):
     cfg = GPTConfig(**{**dict(vocab_size=97, block_size=48, n_layer=2, n_head=4, n_embd=32), **overrides})
@@ -277,8 +281,6 @@ def test_export_loads_in_transformers_with_same_logits_and_greedy(tmp_path, over
     "change,field",
     [
         (dict(pos_embedding="rope"), "pos_embedding"),
-        (dict(pos_embedding="sinusoidal"), "pos_embedding"),
-        (dict(pos_embedding="none"), "pos_embedding"),
         (dict(norm="rmsnorm"), "norm"),
         (dict(activation="swiglu"), "activation"),
         (dict(norm_position="post"), "norm_position"),
@@ -354,6 +356,16 @@ def test_bpe_tokenizer_exports_for_autotokenizer(tmp_path):
     assert (config["bos_token_id"], config["eos_token_id"]) == (tok.bos_id, tok.eos_id)
     back = import_hf_tokenizer(tmp_path / "out")
     assert back.kind == "bpe" and all(back.encode(t) == tok.encode(t) for t in TEXTS)
+
+
+def test_char_tokenizer_is_left_out_with_a_warning(tmp_path):
+    from scratchlm.tokenizer import train_tokenizer
+
+    tok = train_tokenizer("char", ["hello world"])
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
+    with pytest.warns(UserWarning, match="char tokenizer"):
+        export_hf(model, tmp_path / "out", tokenizer=tok)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
 
 
 @pytest.mark.slow
