@@ -190,6 +190,18 @@ def test_import_refuses_what_it_cannot_represent(change, field):
     assert str(info.value).startswith(f"{field}:")
 
 
+def test_import_reads_hub_style_keys_and_skips_old_mask_buffers():
+    # GPT2Model checkpoints (as on the Hub) have no "transformer." prefix; old ones also stored the
+    # causal mask as h.{i}.attn.bias and a fill value as h.{i}.attn.masked_bias
+    cfg = small_hf_config()
+    hf = random_hf(cfg, seed=9)
+    state = {k.removeprefix("transformer."): v for k, v in hf.state_dict().items() if k != "lm_head.weight"}
+    for i in range(cfg.n_layer):
+        state[f"h.{i}.attn.bias"] = torch.ones(1, 1, cfg.n_positions, cfg.n_positions).tril()
+        state[f"h.{i}.attn.masked_bias"] = torch.tensor(-1e4)
+    assert_same_function(gpt_from_hf(state, cfg.to_dict()), hf, cfg.vocab_size)
+
+
 def test_import_refuses_mismatched_weights(tmp_path):
     hf = random_hf(small_hf_config())
     state = hf.state_dict()
