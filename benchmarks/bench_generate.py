@@ -11,7 +11,7 @@ Each decoder runs once to warm up, then `--repeats` times, interleaved so that a
 slows all three alike. Prints the min and median tokens/s of each, the ratios, and whether the
 three produced the same token ids (they must: same weights, greedy).
 
-    python benchmarks/bench_generate.py                      # both shapes, 5 repeats
+    python benchmarks/bench_generate.py                      # both shapes, 3 repeats
     python benchmarks/bench_generate.py --shapes smoke --repeats 10 --device cuda
 
 Never run as a test.
@@ -20,6 +20,7 @@ Never run as a test.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -116,7 +117,7 @@ def bench_shape(shape: str, repeats: int, device: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shapes", nargs="+", default=["smoke", "gpt2-124m"], help="model presets to time")
-    parser.add_argument("--repeats", type=int, default=5, help="timed runs per decoder (default: 5)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder (default: 3)")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
@@ -124,7 +125,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     import transformers
 
-    print(f"torch {torch.__version__}, transformers {transformers.__version__}, {torch.get_num_threads()} CPU threads")
+    load = ", load average %.1f %.1f %.1f" % os.getloadavg() if hasattr(os, "getloadavg") else ""
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}, "
+          f"{torch.get_num_threads()} CPU threads of {os.cpu_count()}{load}")
     for shape in args.shapes:
         bench_shape(shape, args.repeats, args.device)
 

@@ -182,7 +182,8 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None,
     """ids (B, T) -> scores of the next token (B, V). Only the last position reaches lm_head:
     the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product thrown away."""
     hidden = model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
-    return (head or model.lm_head)(hidden[:, -1, :])  # (B, V)
+    head = model.lm_head if head is None else head
+    return head(hidden[:, -1, :])  # (B, V)
 
 
 def _decoding_head(model: GPT, steps: int):
