@@ -253,3 +253,22 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
     code = cli_main(["train", "--resume", str(run), "--max_steps", str(stopped_at + 3), "--progress", "quiet"])
     assert code == 0
     assert ck.load_model(run)[2]["step"] == stopped_at + 3
+
+
+def test_final_validation_loss_covers_the_whole_split(tmp_path):
+    """The last evaluation equals a by-hand pass over every window of the validation tokens."""
+    from scratchlm.data import read_shard
+
+    data = write_text(tmp_path / "text.txt")
+    result = train(tiny_config(tmp_path, data, max_steps=3, eval_interval=0))
+    model, _, _ = ck.load_model(result.run_dir)
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    val = read_shard(Path(records[0]["data_dir"]) / "val.bin")
+    T = model.config.block_size
+    losses = []
+    with torch.no_grad():
+        for start in range(0, len(val) - T, T):  # every window of T + 1 tokens, one at a time
+            window = torch.tensor(val[start : start + T + 1].astype("int64"))
+            logits, _ = model(window[None, :-1])
+            losses.append(torch.nn.functional.cross_entropy(logits[0], window[1:], reduction="sum").item())
+    assert result.val_loss == pytest.approx(sum(losses) / (len(losses) * T), rel=1e-5)
