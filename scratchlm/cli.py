@@ -362,6 +362,7 @@ def _read_prompt(args) -> str:
 
 
 def _run_generate(args) -> int:
+    import os
     import warnings
 
     import torch
@@ -387,26 +388,31 @@ def _run_generate(args) -> int:
         stop=stops, use_cache=not args.no_cache,
     )
     out = sys.stdout
-    with warnings.catch_warnings():
-        # a cropped prompt is reported as one plain line on stderr, before any text
-        warnings.showwarning = lambda message, *rest, **kw: print(f"warning: {message}", file=sys.stderr, flush=True)
-        if args.beams == 1 and args.num_samples == 1:
-            pieces = stream(model, tokenizer, prompt, **options)  # checks options and prompt first
-            if not args.no_echo:
-                out.write(prompt)
-                out.flush()
-            for piece in pieces:
-                out.write(piece)
-                out.flush()
-            out.write("\n")
-            return 0
-        result = generate(model, tokenizer, prompt, num_samples=args.num_samples, beams=args.beams,
-                          length_penalty=args.length_penalty, **options)
-    for i, text in enumerate(result.texts):
-        header = f"--- sample {i + 1}/{len(result.texts)}"
-        if result.logprobs is not None:
-            header += f", logprob {result.logprobs[i]:.4f}"
-        out.write(f"{header} ---\n{'' if args.no_echo else prompt}{text}\n")
+    try:
+        with warnings.catch_warnings():
+            # a cropped prompt is reported as one plain line on stderr, before any text
+            warnings.simplefilter("always")
+            warnings.showwarning = lambda message, *rest, **kw: print(f"warning: {message}", file=sys.stderr, flush=True)
+            if args.beams == 1 and args.num_samples == 1:
+                pieces = stream(model, tokenizer, prompt, **options)  # checks options and prompt first
+                if not args.no_echo:
+                    out.write(prompt)
+                    out.flush()
+                for piece in pieces:
+                    out.write(piece)
+                    out.flush()
+                out.write("\n")
+                return 0
+            result = generate(model, tokenizer, prompt, num_samples=args.num_samples, beams=args.beams,
+                              length_penalty=args.length_penalty, **options)
+        for i, text in enumerate(result.texts):
+            header = f"--- sample {i + 1}/{len(result.texts)}"
+            if result.logprobs is not None:
+                header += f", logprob {result.logprobs[i]:.4f}"
+            out.write(f"{header} ---\n{'' if args.no_echo else prompt}{text}\n")
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, and keep Python's exit-time flush quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), out.fileno())
     return 0
 
 
