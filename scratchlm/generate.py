@@ -24,6 +24,7 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from numbers import Integral, Real
 
 import torch
 import torch.nn.functional as F
@@ -147,19 +148,19 @@ def check_sampling_options(
 ) -> None:
     """Refuse values that have no meaning, naming the option (ConfigError is a UserError and a
     ValueError, so both the CLI and library callers can catch it)."""
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral):
         raise ConfigError("max_new_tokens", f"must be a whole number, got {max_new_tokens!r}")
     if not 0 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise ConfigError("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
-    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+    if not (isinstance(temperature, Real) and math.isfinite(temperature) and temperature >= 0):
         raise ConfigError("temperature", f"must be a finite number >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 1):
         raise ConfigError("top_k", f"must be a whole number >= 1, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, (int, float)) and 0.0 < top_p <= 1.0):
+    if top_p is not None and not (isinstance(top_p, Real) and 0.0 < top_p <= 1.0):
         raise ConfigError("top_p", f"must be in (0, 1], got {top_p!r}")
-    if min_p is not None and not (isinstance(min_p, (int, float)) and 0.0 <= min_p <= 1.0):
+    if min_p is not None and not (isinstance(min_p, Real) and 0.0 <= min_p <= 1.0):
         raise ConfigError("min_p", f"must be in [0, 1], got {min_p!r}")
-    if not (isinstance(repetition_penalty, (int, float)) and math.isfinite(repetition_penalty) and repetition_penalty > 0):
+    if not (isinstance(repetition_penalty, Real) and math.isfinite(repetition_penalty) and repetition_penalty > 0):
         raise ConfigError("repetition_penalty", f"must be a finite number > 0 (1 disables it), got {repetition_penalty!r}")
 
 
@@ -574,9 +575,9 @@ def _run_rows(
 
 def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, sampling: dict) -> None:
     check_sampling_options(max_new_tokens=max_new_tokens, **{k: v for k, v in sampling.items() if k != "greedy"})
-    if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
+    if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ConfigError("num_samples", f"must be a whole number >= 1, got {num_samples!r}")
-    if isinstance(beams, bool) or not isinstance(beams, int) or beams < 1:
+    if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
         raise ConfigError("beams", f"must be a whole number >= 1, got {beams!r}")
     if beams > 1 and num_samples > beams:
         raise ConfigError("num_samples", f"beam search returns at most --beams={beams} sequences, asked for {num_samples}")

@@ -90,8 +90,10 @@ def test_cached_greedy_equals_plain_loop_over_200_tokens_across_the_boundary(pos
     steps = list(iter_tokens(model, idx, max_new_tokens=200, greedy=True, use_cache=True))
     cached = torch.cat([idx, torch.stack([t for t, _ in steps], dim=1)], dim=1)
     assert torch.equal(cached, expected)
-    for step, ((_, got), want) in enumerate(zip(steps, expected_logits)):
+    plain = list(iter_tokens(model, idx, max_new_tokens=200, greedy=True, use_cache=False))
+    for step, ((_, got), (_, ours_plain), want) in enumerate(zip(steps, plain, expected_logits)):
         torch.testing.assert_close(got, want, atol=1e-4, rtol=0, msg=f"step {step}")
+        torch.testing.assert_close(got, ours_plain, atol=1e-4, rtol=0, msg=f"step {step}")
     uncached = generate_ids(model, idx, max_new_tokens=200, greedy=True, use_cache=False)
     assert torch.equal(uncached, expected)
     # the output is not a trivial repetition of one token, or the comparison would say little
