@@ -523,7 +523,7 @@ def test_unknown_characters_for_a_char_tokenizer_are_a_clear_error():
     tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
     tok = tokenizer_module.CharTokenizer("abc ")
     model = _model(vocab_size=tok.vocab_size)
-    with pytest.raises(UserError, match="x"):
+    with pytest.raises(UserError, match="'x'"):
         generate(model, tok, "abx", max_new_tokens=3)
 
 
@@ -572,7 +572,7 @@ def test_cli_refuses_bad_input_with_one_error_line(char_checkpoint, capsys, tmp_
     for argv, needle in [
         (["--prompt", "a", "--max-new-tokens", "-1"], "--max-new-tokens"),
         (["--prompt", "a", "--max-new-tokens", "1000000"], "--max-new-tokens"),
-        (["--prompt", "abxyz"], "x"),  # characters the char tokenizer does not know, named
+        (["--prompt", "abxyz"], "'x', 'y', 'z'"),  # characters the char tokenizer does not know, named
         (["--prompt", "a", "--top-p", "0"], "top_p"),
         (["--prompt-file", str(tmp_path / "missing.txt")], "missing.txt"),
     ]:
