@@ -179,13 +179,16 @@ class TrainConfig:
 
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
-_BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, activation="gelu", init="gpt2")
+# RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on
+# Tiny Shakespeare this reaches validation loss 1.88 in about half the steps (see README).
+_BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, activation="gelu", init="gpt2",
+             pos_embedding="rope")
 
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "shakespeare-char": dict(
         model="smoke", model_overrides=_BABY, tokenizer="char", data="shakespeare",
-        batch_size=12, max_steps=2000, lr=1e-3, min_lr=1e-4, warmup_steps=100, beta2=0.99,
-        eval_interval=250, eval_iters=100, log_interval=50, checkpoint_interval=500,
+        batch_size=12, max_steps=1100, lr=3e-3, min_lr=1e-4, warmup_steps=50, beta2=0.99,
+        eval_interval=500, eval_iters=50, log_interval=50, checkpoint_interval=500,
     ),
     # The seed's smoke model (13,356,928 parameters) on GPT-2 BPE tokens, a few hundred steps.
     "smoke": dict(
