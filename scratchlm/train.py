@@ -914,43 +914,16 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                 lr = learning_rate(step, cfg)
                 for group in optimizer.param_groups:
                     group["lr"] = lr
-                loss_sum = torch.zeros((), device=device)
-                for micro in range(cfg.grad_accum):
-                    x, y = stream.next_batch()
-                    x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-                    # DDP: only the last micro-batch's backward needs the gradient all-reduce
-                    sync = nullcontext() if (not d.enabled or cfg.fsdp or micro == cfg.grad_accum - 1) else model.no_sync()
-                    with sync:
-                        with _autocast(device, cfg.dtype):
-                            _, loss = forward(x, y)
-                        scaler.scale(loss / cfg.grad_accum).backward()
-                    loss_sum += loss.detach().float()
+                loss_value, norm, applied = _train_step(forward, model, optimizer, scaler, stream, cfg, d, device)
                 step += 1
                 tokens_seen += tokens_per_step
-                loss_avg = _all_mean(loss_sum / cfg.grad_accum, d)
-                if scaler.is_enabled():
-                    scaler.unscale_(optimizer)
-                if cfg.grad_clip > 0:
-                    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
-                else:
-                    norm = torch.zeros((), device=device)
-                norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm
-                finite = bool(torch.isfinite(loss_avg)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
-                if finite:
-                    scaler.step(optimizer)
-                    scaler.update()
+                if applied:
                     bad_in_row = 0
                 else:
-                    # S19: a non-finite loss poisons the weights; skip the update and count it
                     bad_in_row += 1
                     bad_total += 1
-                    if scaler.is_enabled():
-                        scaler.update()
-                    reporter.record("bad_step", step=step, loss=str(float(loss_avg)), in_a_row=bad_in_row)
-                    reporter.say(f"step {step}: non-finite loss ({float(loss_avg)}), update skipped "
-                                 f"({bad_in_row} in a row)")
-                optimizer.zero_grad(set_to_none=True)
-                loss_value = float(loss_avg)
+                    reporter.record("bad_step", step=step, loss=str(loss_value), in_a_row=bad_in_row)
+                    reporter.say(f"step {step}: non-finite loss ({loss_value}), update skipped ({bad_in_row} in a row)")
                 losses[step] = loss_value
                 if bad_in_row >= cfg.max_bad_steps:
                     where = f"the last good checkpoint is {last_good_ckpt}" if last_good_ckpt else "no checkpoint was saved yet"
@@ -966,7 +939,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                     tok_s = (tokens_seen - tokens_last) / dt if dt > 0 else 0.0
                     t_last, tokens_last = now, tokens_seen
                     mfu = (flops_step * tok_s / tokens_per_step) / peak if peak else None
-                    record.update(tokens_per_s=tok_s, grad_norm=float(norm), mfu=mfu)
+                    record.update(tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
                     reporter.record("train", **record)
                     eta = (cfg.max_steps - step) * tokens_per_step / tok_s if tok_s else 0.0
                     reporter.say(f"step {step}/{cfg.max_steps}: loss {loss_value:.4f}, lr {lr:.2e}, "
@@ -1013,6 +986,44 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                      f"val loss {val_loss:.4f}; checkpoint in {run_dir}" if val_loss is not None else
                      f"done: {step} steps; checkpoint in {run_dir}")
     return result
+
+
+def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: _Dist,
+                device: torch.device) -> tuple[float, float, bool]:
+    """One optimizer step over grad_accum micro-batches.
+
+    Returns (loss averaged over micro-batches and processes, gradient norm before clipping,
+    whether the update was applied). A non-finite loss or gradient norm skips the update (S19):
+    one bad batch must not poison the weights.
+    """
+    loss_sum = torch.zeros((), device=device)
+    for micro in range(cfg.grad_accum):
+        x, y = stream.next_batch()
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP: only the last micro-batch's backward needs the gradient all-reduce
+        last_micro = micro == cfg.grad_accum - 1
+        sync = model.no_sync() if (d.enabled and not cfg.fsdp and not last_micro) else nullcontext()
+        with sync:
+            with _autocast(device, cfg.dtype):
+                _, loss = forward(x, y)
+            scaler.scale(loss / cfg.grad_accum).backward()
+        loss_sum += loss.detach().float()
+    loss_avg = _all_mean(loss_sum / cfg.grad_accum, d)
+    if scaler.is_enabled():
+        scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
+    if cfg.grad_clip > 0:
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+    else:
+        norm = torch.zeros((), device=device)
+    norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a sharded DTensor
+    # under fp16 the scaler itself skips steps with overflowing gradients and lowers its scale
+    applied = bool(torch.isfinite(loss_avg)) and (scaler.is_enabled() or bool(torch.isfinite(norm)))
+    if applied:
+        scaler.step(optimizer)
+    if scaler.is_enabled():
+        scaler.update()
+    optimizer.zero_grad(set_to_none=True)
+    return float(loss_avg), float(norm), applied
 
 
 def _jsonable(value: Any) -> Any:
