@@ -42,7 +42,8 @@ def plot_run(run_dir: Path | str, out: Path | str | None = None) -> Path:
     import matplotlib.pyplot as plt
 
     records = read_metrics(run_dir)
-    train = _curve(records, "train", "loss")
+    # the mean over each logging interval when recorded, else the single step's loss
+    train = _curve(records, "train", "loss_mean") if any("loss_mean" in r for r in records) else _curve(records, "train", "loss")
     val = _curve(records, "eval", "val_loss")
     if not train[0] and not val[0]:
         raise UserError(f"{Path(run_dir) / 'metrics.jsonl'}: no loss records to plot yet")

@@ -908,6 +908,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     t_start = time.perf_counter()
     t_last, tokens_last = t_start, tokens_seen
     start_step = step
+    interval_losses: list[float] = []  # finite losses since the last log line, for a smoother curve
     try:
         with _StopRequest() as stop:
             while step < cfg.max_steps:
@@ -925,6 +926,8 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                     reporter.record("bad_step", step=step, loss=str(loss_value), in_a_row=bad_in_row)
                     reporter.say(f"step {step}: non-finite loss ({loss_value}), update skipped ({bad_in_row} in a row)")
                 losses[step] = loss_value
+                if math.isfinite(loss_value):
+                    interval_losses.append(loss_value)
                 if bad_in_row >= cfg.max_bad_steps:
                     where = f"the last good checkpoint is {last_good_ckpt}" if last_good_ckpt else "no checkpoint was saved yet"
                     raise UserError(
@@ -939,7 +942,9 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                     tok_s = (tokens_seen - tokens_last) / dt if dt > 0 else 0.0
                     t_last, tokens_last = now, tokens_seen
                     mfu = (flops_step * tok_s / tokens_per_step) / peak if peak else None
-                    record.update(tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
+                    mean_loss = sum(interval_losses) / len(interval_losses) if interval_losses else None
+                    interval_losses.clear()
+                    record.update(loss_mean=mean_loss, tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
                     reporter.record("train", **record)
                     eta = (cfg.max_steps - step) * tokens_per_step / tok_s if tok_s else 0.0
                     reporter.say(f"step {step}/{cfg.max_steps}: loss {loss_value:.4f}, lr {lr:.2e}, "

@@ -272,3 +272,22 @@ def test_final_validation_loss_covers_the_whole_split(tmp_path):
             logits, _ = model(window[None, :-1])
             losses.append(torch.nn.functional.cross_entropy(logits[0], window[1:], reduction="sum").item())
     assert result.val_loss == pytest.approx(sum(losses) / (len(losses) * T), rel=1e-5)
+
+
+def test_logged_interval_mean_and_plot_curve_after_resume(tmp_path):
+    from scratchlm.plot import _curve, read_metrics
+
+    data = write_text(tmp_path / "text.txt")
+    result = train(tiny_config(tmp_path, data, max_steps=10, log_interval=5, eval_interval=0))
+    records = read_metrics(result.run_dir)
+    logged = {r["step"]: r for r in records if r["event"] == "train"}
+    assert sorted(logged) == [1, 5, 10]
+    assert logged[10]["loss"] == result.losses[10]
+    assert logged[10]["loss_mean"] == pytest.approx(sum(result.losses[s] for s in range(6, 11)) / 5)
+    assert logged[5]["loss_mean"] == pytest.approx(sum(result.losses[s] for s in range(2, 6)) / 4)
+    # a resumed run logs a step again; the later record wins, and a torn last line is skipped
+    with open(result.run_dir / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"event": "train", "step": 5, "loss": 9.0, "tokens": 1}) + "\n")
+        f.write('{"event": "train", "step": 11, "lo')
+    steps, tokens, values = _curve(read_metrics(result.run_dir), "train", "loss")
+    assert steps == [1, 5, 10] and values[1] == 9.0
