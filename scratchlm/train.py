@@ -605,15 +605,21 @@ def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, 
     model.eval()
     total = torch.zeros((), device=device, dtype=torch.float64)
     count = torch.zeros((), device=device, dtype=torch.float64)
-    for i in range(0, len(mine), B):
+    per_rank = -(-n_windows // d.world_size)  # the most windows any process gets
+    # every process runs the same number of forwards (FSDP gathers weights collectively in each);
+    # one that has run out of windows repeats window 0 and leaves it out of the sums
+    for i in range(0, per_rank, B):
         starts = mine[i : i + B] * T
+        weight = 1.0 if len(starts) else 0.0
+        if not len(starts):
+            starts = np.zeros(1, dtype=np.int64)
         rows = np.asarray(val_tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64)  # (b, T+1)
         x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
         y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
         with _autocast(device, cfg.dtype):
             _, loss = model(x, y)
-        total += loss.double() * y.numel()
-        count += y.numel()
+        total += weight * loss.double() * y.numel()
+        count += weight * y.numel()
     model.train(was_training)
     if d.enabled:
         import torch.distributed as dist

@@ -47,6 +47,13 @@ def _losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if r["event"] == "train"}
 
 
+def _final_val(run_dir: Path) -> float:
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    final = [r for r in records if r["event"] == "eval"][-1]
+    assert final["full"]
+    return final["val_loss"]
+
+
 def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, text):
     common = ["--data", str(text), "--data_cache", str(tmp_path / "data"), "--max_steps", "5", *TINY]
     two = _run([*common, "--batch_size", "4", "--out_dir", str(tmp_path / "ddp")], tmp_path, nproc=2)
@@ -58,6 +65,8 @@ def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, tex
     for step in ddp:
         assert abs(ddp[step] - single[step]) <= 1e-5, (step, ddp[step], single[step])
     assert ddp[5] < ddp[1]  # and it learns (lr 1e-2), so the comparison is not of frozen weights
+    # the final whole-split evaluation, shared out over the two processes, agrees too
+    assert abs(_final_val(tmp_path / "ddp") - _final_val(tmp_path / "one")) <= 1e-5
     assert ck.load_model(tmp_path / "ddp")[2]["step"] == 5  # rank 0 saved a loadable checkpoint
 
 
