@@ -27,6 +27,9 @@ TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 def _private_cache(tmp_path_factory, monkeypatch):
     # the CPU FLOP probe and prepared data go to a per-session folder, not the user's home
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path_factory.getbasetemp() / "cache"))
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # train(threads=1) must not slow down the tests that follow
 
 
 def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
