@@ -30,7 +30,6 @@ from typing import Any, Callable
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
@@ -630,36 +629,16 @@ def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, 
     return float(total / count)
 
 
-@torch.no_grad()
-def sample_ids(model: GPT, start: list[int], n: int, *, temperature: float = 0.8, top_k: int | None = 40,
-               seed: int = 0, device="cpu") -> list[int]:
-    """A plain temperature/top-k sampler (S20) with its own generator, for progress samples.
+def _sample_text(model: GPT, tokenizer, n: int, seed: int) -> str:
+    """A short continuation of BOS with scratchlm.generate's sampler (its own seeded generator)."""
+    from scratchlm.generate import generate
 
-    The full sampler lives in scratchlm.generate; this one exists so training never depends on it.
-    """
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    idx = torch.tensor([start], dtype=torch.long, device=device)  # (1, T)
-    block = model.config.block_size
-    for _ in range(n):
-        logits, _ = model(idx[:, -block:])  # crop to the context: (1, T', V)
-        logits = logits[0, -1].float() / temperature  # (V,)
-        if top_k is not None and top_k < logits.numel():
-            kth = torch.topk(logits, top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        probs = F.softmax(logits, dim=-1).cpu()
-        nxt = torch.multinomial(probs, 1, generator=gen).item()
-        idx = torch.cat([idx, torch.tensor([[nxt]], device=device)], dim=1)
-    return idx[0, len(start):].tolist()
-
-
-def _sample_text(model: GPT, tokenizer, n: int, seed: int, device) -> str:
     was_training = model.training
     model.eval()
     try:
-        ids = sample_ids(model, [tokenizer.bos_id], n, seed=seed, device=device)
+        return generate(model, tokenizer, "", max_new_tokens=n, temperature=0.8, top_k=40, seed=seed).text
     finally:
         model.train(was_training)
-    return tokenizer.decode([i for i in ids if i < tokenizer.vocab_size])
 
 
 # --------------------------------------------------------------------------------------------
@@ -907,7 +886,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
         if cfg.sample_tokens == 0 or (cfg.fsdp and d.enabled) or not d.is_main:
             return None
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            text = _sample_text(raw_model, tokenizer, cfg.sample_tokens, cfg.seed + at_step, device)
+            text = _sample_text(raw_model, tokenizer, cfg.sample_tokens, cfg.seed + at_step)
         reporter.record("sample", step=at_step, text=text)
         reporter.say(f"--- sample at step {at_step} ---\n{text}\n---")
         return text
