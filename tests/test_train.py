@@ -77,12 +77,14 @@ def test_resume_is_bit_exact(tmp_path):
     """20 steps straight == 10 steps, a stop (checkpoint), a resume and 10 more; dropout on, so the
     RNG states must come back too."""
     data = write_text(tmp_path / "text.txt")
-    straight = train(tiny_config(tmp_path, data, out_dir=str(tmp_path / "a"), model_overrides={"dropout": 0.1}))
-    cfg = tiny_config(tmp_path, data, out_dir=str(tmp_path / "b"), model_overrides={"dropout": 0.1})
+    # evaluations and samples every 5 steps run in both; they must not disturb the training RNGs
+    straight = train(tiny_config(tmp_path, data, out_dir=str(tmp_path / "a"), sample_tokens=8,
+                                 model_overrides={"dropout": 0.1}))
+    cfg = tiny_config(tmp_path, data, out_dir=str(tmp_path / "b"), sample_tokens=8, model_overrides={"dropout": 0.1})
     first = train(cfg, on_step=lambda step, record: step == 10)
     assert first.stopped and first.step == 10
     assert (tmp_path / "b" / "latest").read_text().strip() == "ckpt-00000010"
-    second = train(tiny_config(tmp_path, data, out_dir=None, resume=str(tmp_path / "b"),
+    second = train(tiny_config(tmp_path, data, out_dir=None, resume=str(tmp_path / "b"), sample_tokens=8,
                                model_overrides={"dropout": 0.1}))
     assert sorted(second.losses) == list(range(11, 21))
     resumed = {**first.losses, **second.losses}
