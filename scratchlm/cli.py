@@ -422,13 +422,13 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     _add_inspect(sub)
+    _add_prepare(sub)
+    _add_train(sub)
+    _add_plot(sub)
     _add_walkthrough(sub)
     _add_attention(sub)
     _add_export_hf(sub)
     _add_import_hf(sub)
-    _add_prepare(sub)
-    _add_train(sub)
-    _add_plot(sub)
     _add_generate(sub)
     return parser
 
