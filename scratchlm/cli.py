@@ -212,7 +212,7 @@ def _parse_field_value(kind: str, optional: bool):
 
 
 def _add_train(sub) -> None:
-    from scratchlm.train import TRAIN_PRESETS, cli_fields
+    from scratchlm.train_config import TRAIN_PRESETS, cli_fields
 
     p = sub.add_parser("train", help="train a model (default preset: shakespeare-char)", epilog=_TRAIN_EPILOG,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
