@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from scratchlm.config import GPTConfig
+from scratchlm.fused_loss import linear_cross_entropy
 
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
@@ -362,12 +363,20 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         attn_weights: list | None = None,
         ignore_index: int = -100,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        return_logits: bool = True,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """ids (B, T) -> logits (B, T, V), and the mean cross-entropy when targets (B, T) are given.
 
-        Targets equal to `ignore_index` (padding) are left out of the loss.
+        Targets equal to `ignore_index` (padding) are left out of the loss. return_logits=False
+        (training) returns (None, loss) from the chunked head + loss of scratchlm.fused_loss, which
+        never holds all B*T x V scores: the same numbers, much less memory traffic.
         """
         x = self.forward_hidden(idx, attention_mask=attention_mask, kv_cache=kv_cache, attn_weights=attn_weights)
+        if not return_logits:
+            if targets is None:
+                raise ValueError("return_logits=False needs targets: the loss is all it returns")
+            loss = linear_cross_entropy(x, self.lm_head.weight, self.lm_head.bias, targets, ignore_index)
+            return None, loss
         logits = self.lm_head(x)  # (B, T, V)
         loss = None
         if targets is not None:

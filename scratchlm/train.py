@@ -33,7 +33,7 @@ import torch
 
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
-from scratchlm.errors import UserError
+from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
 from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
@@ -113,7 +113,10 @@ def _setup_processes(cfg: TrainConfig) -> tuple[_Dist, torch.device]:
             kind = "cpu"
     else:
         kind = cfg.device
-    device = torch.device(f"cuda:{dist_info.local_rank}" if kind == "cuda" and world > 1 else kind)
+    try:
+        device = torch.device(f"cuda:{dist_info.local_rank}" if kind == "cuda" and world > 1 else kind)
+    except RuntimeError:
+        raise UserError(f"--device {cfg.device}: not a device torch knows; use auto, cpu, cuda, cuda:N or mps") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UserError(f"--device {cfg.device}: CUDA is not available on this machine; use --device cpu")
     if device.type == "cuda":
@@ -401,7 +404,7 @@ def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _D
     for _ in range(cfg.eval_iters):
         x, y = stream.next_batch()
         with _autocast(device, cfg.dtype):
-            _, loss = model(x.to(device), y.to(device))
+            _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
         total += loss.float()
     model.train(was_training)
     return float(_all_mean(total / cfg.eval_iters, d))
@@ -430,7 +433,7 @@ def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, 
         x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
         y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
         with _autocast(device, cfg.dtype):
-            _, loss = model(x, y)
+            _, loss = model(x, y, return_logits=not cfg.fused_loss)
         total += weight * loss.double() * y.numel()
         count += weight * y.numel()
     model.train(was_training)
@@ -488,6 +491,7 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
 
 
 def _check_fresh_run_dir(run_dir: Path) -> None:
+    check_folder_path(run_dir, "--out_dir")
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
         raise UserError(
             f"{run_dir} already holds files (a run?); pass --resume {run_dir} to continue it, "
@@ -504,7 +508,9 @@ def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     if not isinstance(saved, dict):
         raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")
     model_overrides = {**saved.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
-    return TrainConfig.from_dict({**saved, **overrides, "model_overrides": model_overrides, "resume": str(run_dir)})
+    # the saved out_dir is where the run was made; a run folder that was moved or copied resumes where it is now
+    return TrainConfig.from_dict({**saved, "out_dir": None, **overrides, "model_overrides": model_overrides,
+                                  "resume": str(run_dir)})
 
 
 class _StopRequest:
@@ -579,8 +585,6 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     else:
         run_dir = Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg)
         _check_fresh_run_dir(run_dir)  # every rank checks, so all of them stop together
-        if d.is_main:
-            run_dir.mkdir(parents=True, exist_ok=True)
     cfg.out_dir = str(run_dir)
 
     # --- data and tokenizer ---
@@ -646,6 +650,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
         _set_rng_state(mine["rng"])
 
     if d.is_main and resume_ckpt is None:
+        run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
         ckpt_io.save_tokenizer(tokenizer, run_dir)
     reporter = _Reporter(cfg, run_dir, d.is_main, step)
     tokens_per_step = cfg.batch_size * block_size * cfg.grad_accum * d.world_size
@@ -815,7 +820,7 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
         sync = model.no_sync() if (d.enabled and not cfg.fsdp and not last_micro) else nullcontext()
         with sync:
             with _autocast(device, cfg.dtype):
-                _, loss = forward(x, y)
+                _, loss = forward(x, y, return_logits=not cfg.fused_loss)
             scaler.scale(loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float()
     loss_avg = _all_mean(loss_sum / cfg.grad_accum, d)

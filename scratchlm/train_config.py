@@ -76,6 +76,10 @@ class TrainConfig:
     """Compute precision: `float32`, `bfloat16` (autocast, CPU or CUDA) or `float16` (CUDA, with gradient scaling)."""
     compile: bool = False
     """Compile the model with torch.compile (slow start, faster steps)."""
+    fused_loss: bool = True
+    """Compute the output layer and the loss together in chunks of rows (scratchlm.fused_loss):
+    the same loss and gradients without ever holding all batch x vocabulary scores; faster and
+    far leaner at large vocabularies. False uses the plain lm_head + F.cross_entropy."""
     activation_checkpointing: bool = False
     """Recompute each block's activations during backward instead of storing them (less memory)."""
     device: str = "auto"
@@ -129,6 +133,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a whole number >= 0, got {value!r}")
+        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads <= 0):
+            raise ConfigError("threads", f"must be a positive whole number (or none for torch's default), got {self.threads!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
         if self.dtype not in DTYPES:

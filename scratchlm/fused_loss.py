@@ -1,0 +1,125 @@
+"""The output layer and cross-entropy in one pass over row chunks, for training.
+
+The plain path, `F.cross_entropy(h @ W.T + b, y)`, materialises the (N, V) logits, then softmax
+and gradient tensors of the same size: at the `smoke` shape (N = 8 * 256 rows, V = 50304) each is
+412 MB of float32, and the time goes to streaming them through memory rather than to arithmetic.
+Here the rows go through in chunks of a few hundred, so one chunk's (rows, V) scores are the
+largest temporary and stay near the cache:
+
+    for each chunk of rows:   z = h_c @ W.T + b                      (rows, V)
+                              lse = logsumexp(z)                      (rows,)
+                              loss += sum(lse - z[target])
+                              when a gradient is wanted:
+                                  g = softmax(z) - onehot(target)     (rows, V)   (in z's memory)
+                                  dh_c = g @ W,  dW += g.T @ h_c,  db += g.sum(0)
+
+The loss is a scalar at the end of the graph, so its gradient with respect to h, W and b is
+already known during the forward pass; backward only multiplies by the incoming scalar. That
+saves recomputing every chunk's logits in backward (a fourth (N, C) x (C, V) matmul).
+"""
+
+from __future__ import annotations
+
+import torch
+
+# Rows per chunk: 256 rows x 50304 float32 scores is 51 MB. Fewer rows add per-chunk overhead
+# (the dW update reads and writes the whole (V, C) matrix once per chunk); more leave the cache.
+CHUNK_ROWS = 256
+
+
+def _compute_dtype(h: torch.Tensor) -> torch.dtype:
+    """bf16/fp16 under autocast (as a Linear would run), else the hidden states' own dtype."""
+    kind = h.device.type
+    if h.dtype in (torch.float32, torch.bfloat16, torch.float16) and torch.is_autocast_enabled(kind):
+        return torch.get_autocast_dtype(kind)
+    return h.dtype
+
+
+class LinearCrossEntropy(torch.autograd.Function):
+    """mean over non-ignored rows of cross_entropy(h @ weight.T + bias, targets), chunked."""
+
+    @staticmethod
+    def forward(ctx, h, weight, bias, targets, ignore_index, chunk_rows, compute_dtype, want_grad):
+        # h (N, C), weight (V, C), bias (V,) or None, targets (N,) int64
+        N, C = h.shape
+        acc = torch.float64 if h.dtype == torch.float64 else torch.float32  # scores and sums
+        with torch.autocast(h.device.type, enabled=False):
+            # The bias rides along as one more input column: [h, 1] @ [W, b].T = h @ W.T + b, and
+            # the same matmul that gives dW then gives db (the column sums of the scores' gradient).
+            if bias is not None:
+                h = torch.cat([h, h.new_ones(N, 1)], dim=1)  # (N, C + 1)
+                weight = torch.cat([weight, bias[:, None]], dim=1)  # (V, C + 1)
+            hc, wc = h.to(compute_dtype), weight.to(compute_dtype)
+            valid = targets != ignore_index  # (N,)
+            n_valid = valid.sum().to(acc)  # the mean's divisor; 0 gives 0/0 = nan, as F.cross_entropy does
+            # each row's gradient weight: the mean's 1/n, or 0 for an ignored row
+            row_weight = valid.to(acc) / n_valid.clamp(min=1)  # (N,)
+            total = torch.zeros((), dtype=acc, device=h.device)
+            if want_grad:
+                dh = torch.empty(N, C, dtype=compute_dtype, device=h.device)
+                dw = torch.zeros(wc.shape, dtype=acc, device=h.device)  # (V, C [+ 1])
+            rows = min(chunk_rows, N)
+            # reused for every chunk: (rows, V) scores, and their float32 copy for a 16-bit matmul
+            z = torch.empty(rows, wc.shape[0], dtype=compute_dtype, device=h.device)
+            zf = z if compute_dtype == acc else torch.empty(z.shape, dtype=acc, device=h.device)
+            logp = torch.empty_like(zf)
+            for start in range(0, N, rows):
+                end = min(start + rows, N)
+                n = end - start
+                h_c = hc[start:end]  # (n, C [+ 1])
+                torch.mm(h_c, wc.t(), out=z[:n])  # scores (n, V)
+                if zf is not z:
+                    zf[:n].copy_(z[:n])
+                torch._log_softmax(zf[:n], 1, False, out=logp[:n])  # one fused pass per row
+                y = torch.where(valid[start:end], targets[start:end], 0)[:, None]  # (n, 1); ignored rows read column 0
+                w_c = row_weight[start:end]  # (n,)
+                total -= (logp[:n].gather(1, y).squeeze(1) * (w_c > 0)).sum()
+                if want_grad:
+                    g = logp[:n].exp_()  # softmax, in place
+                    g.scatter_add_(1, y, g.new_full((n, 1), -1.0))  # minus the one-hot target
+                    if g.dtype != compute_dtype:
+                        g = z[:n].copy_(g)  # the scores' own buffer is free again
+                    # the 1/n weights (and zeros of ignored rows) go on the small (n, C) operands
+                    dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype)  # (n, C)
+                    h_w = h_c * w_c[:, None].to(compute_dtype)  # (n, C [+ 1])
+                    if compute_dtype == acc:
+                        dw.addmm_(g.t(), h_w)  # (V, n) @ (n, C [+ 1])
+                    else:
+                        dw += g.t() @ h_w  # 16-bit product, summed over chunks in float32
+        loss = total / n_valid
+        if want_grad:
+            ctx.save_for_backward(dh, dw)
+            ctx.has_bias = bias is not None
+            ctx.dtypes = (h.dtype, weight.dtype)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_loss):
+        dh, dw = ctx.saved_tensors
+        h_dtype, w_dtype = ctx.dtypes
+        C = dh.shape[1]
+        grad_h = (dh * grad_loss.to(dh.dtype)).to(h_dtype) if ctx.needs_input_grad[0] else None
+        dw = dw * grad_loss.to(dw.dtype)
+        grad_w = dw[:, :C].to(w_dtype) if ctx.needs_input_grad[1] else None
+        grad_b = dw[:, C].to(w_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return grad_h, grad_w, grad_b, None, None, None, None, None
+
+
+def linear_cross_entropy(
+    h: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    targets: torch.Tensor,
+    ignore_index: int = -100,
+    chunk_rows: int = CHUNK_ROWS,
+) -> torch.Tensor:
+    """Mean cross-entropy of the scores h @ weight.T + bias against targets, never holding all
+    (N, V) scores at once. h (..., C), targets (...) with the same leading shape; returns a
+    float32 scalar (float64 for a float64 model), like the plain path's loss."""
+    C = h.shape[-1]
+    # forward runs with grad mode off, so whether backward will come is decided here
+    want_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (h, weight, bias))
+    return LinearCrossEntropy.apply(
+        h.reshape(-1, C), weight, bias, targets.reshape(-1).long(), ignore_index, chunk_rows, _compute_dtype(h),
+        want_grad,
+    )
