@@ -1,0 +1,148 @@
+"""The chunked lm_head + cross-entropy against the plain F.linear + F.cross_entropy path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from scratchlm.config import GPTConfig
+from scratchlm.fused_loss import linear_cross_entropy
+from scratchlm.model import GPT
+
+
+def _inputs(N=37, C=12, V=53, dtype=torch.float32, bias=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(N, C, generator=g, dtype=dtype).requires_grad_()
+    w = (torch.randn(V, C, generator=g, dtype=dtype) * 0.5).requires_grad_()
+    b = (torch.randn(V, generator=g, dtype=dtype) * 0.5).requires_grad_() if bias else None
+    y = torch.randint(0, V, (N,), generator=g)
+    return h, w, b, y
+
+
+def _grads(loss, tensors):
+    return torch.autograd.grad(loss, [t for t in tensors if t is not None])
+
+
+@pytest.mark.parametrize("dtype, atol", [(torch.float32, 1e-5), (torch.float64, 1e-12)])
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("chunk_rows", [1, 8, 37, 1000])
+def test_values_and_gradients_match_the_plain_path(dtype, atol, bias, chunk_rows):
+    h, w, b, y = _inputs(dtype=dtype, bias=bias)
+    y[::5] = -100  # some padding rows, left out of the mean
+    plain = F.cross_entropy(F.linear(h, w, b), y)
+    fused = linear_cross_entropy(h, w, b, y, chunk_rows=chunk_rows)
+    assert fused.dtype == plain.dtype
+    torch.testing.assert_close(fused, plain, atol=atol, rtol=0)
+    # a scale on the loss (as grad_accum applies) must reach every gradient
+    for got, want in zip(_grads(2.5 * fused, (h, w, b)), _grads(2.5 * plain, (h, w, b))):
+        torch.testing.assert_close(got, want, atol=atol, rtol=0)
+
+
+def test_other_ignore_index_and_leading_dims():
+    h, w, b, y = _inputs(N=24)
+    y[3:9] = 7  # class 7 is the padding id here, so those rows are ignored
+    h3, y3 = h.view(2, 12, -1), y.view(2, 12)  # (B, T, C), (B, T)
+    plain = F.cross_entropy(F.linear(h, w, b), y, ignore_index=7)
+    fused = linear_cross_entropy(h3, w, b, y3, ignore_index=7, chunk_rows=5)
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)
+    for got, want in zip(_grads(fused, (h, w, b)), _grads(plain, (h, w, b))):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=0)
+
+
+def test_all_rows_ignored_gives_nan_and_zero_gradients_like_cross_entropy():
+    h, w, b, y = _inputs(N=6)
+    y[:] = -100
+    plain = F.cross_entropy(F.linear(h, w, b), y)
+    fused = linear_cross_entropy(h, w, b, y, chunk_rows=4)
+    assert torch.isnan(plain) and torch.isnan(fused)
+    for got, want in zip(_grads(fused, (h, w, b)), _grads(plain, (h, w, b))):
+        torch.testing.assert_close(got, want)
+
+
+def test_hand_computed_loss():
+    # two classes, one row: scores (1, 0) against class 1 -> log(e + 1) - 0
+    h = torch.tensor([[1.0]])
+    w = torch.tensor([[1.0], [0.0]])
+    loss = linear_cross_entropy(h, w, None, torch.tensor([1]))
+    assert abs(loss.item() - 1.3132616875182228) < 1e-6
+
+
+def test_no_grad_builds_no_graph():
+    h, w, b, y = _inputs()
+    with torch.no_grad():
+        loss = linear_cross_entropy(h, w, b, y, chunk_rows=8)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(h, w, b), y).detach(), atol=1e-5, rtol=0)
+
+
+def test_bf16_autocast_is_close_to_float32_on_rounded_inputs():
+    h, w, b, y = _inputs(N=40, C=16, V=70)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(h, w, b, y, chunk_rows=16)
+    assert fused.dtype == torch.float32
+    # the same scores from bf16-rounded operands in float32: only the matmul's output rounding differs
+    r = lambda t: t.detach().bfloat16().float().requires_grad_()  # noqa: E731
+    hr, wr, br = r(h), r(w), r(b)
+    ref = F.cross_entropy(F.linear(hr, wr, br), y)
+    torch.testing.assert_close(fused, ref, atol=2e-2, rtol=0)
+    for got, want in zip(_grads(fused, (h, w, b)), _grads(ref, (hr, wr, br))):
+        assert got.dtype == torch.float32
+        torch.testing.assert_close(got, want, atol=2e-2, rtol=5e-2)
+
+
+TINY = dict(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16)
+
+
+@pytest.mark.parametrize("preset, extra", [
+    ("smoke", {}),  # untied head with a bias (the seed's layout)
+    ("gpt2-124m", {}),  # tied head without bias: the gradient of wte gets both uses
+    ("smoke", {"tie_weights": True}),  # tied with a bias
+])
+def test_model_loss_only_matches_logits_path(preset, extra):
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name(preset, **TINY, **extra)).train()
+    idx = torch.randint(0, 61, (3, 16))
+    targets = torch.randint(0, 61, (3, 16))
+    targets[0, :4] = -1
+    logits, plain = model(idx, targets, ignore_index=-1)
+    want = _grads(plain, list(model.parameters()))
+    none, fused = model(idx, targets, ignore_index=-1, return_logits=False)
+    got = _grads(fused, list(model.parameters()))
+    assert none is None and logits.shape == (3, 16, 61)
+    torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)
+    names = [n for n, _ in model.named_parameters()]
+    for name, a, b in zip(names, got, want):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+def test_loss_only_needs_targets():
+    model = GPT(GPTConfig.from_name("smoke", **TINY))
+    with pytest.raises(ValueError, match="needs targets"):
+        model(torch.zeros(1, 4, dtype=torch.long), return_logits=False)
+
+
+def test_training_with_and_without_fused_loss_gives_the_same_losses(tmp_path, monkeypatch):
+    from scratchlm.train import TrainConfig, train
+
+    monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))  # the CPU FLOP probe's file
+    words = "the king speaks to the queen of night and day".split()
+    (tmp_path / "text.txt").write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(60)) + "\n")
+    threads = torch.get_num_threads()
+    runs = {}
+    try:
+        for fused in (True, False):
+            cfg = TrainConfig(
+                data=str(tmp_path / "text.txt"), tokenizer="char", batch_size=4, max_steps=6, lr=3e-3,
+                warmup_steps=2, eval_interval=3, eval_iters=2, log_interval=1, checkpoint_interval=100,
+                sample_tokens=0, progress="quiet", out_dir=str(tmp_path / f"run-{fused}"),
+                data_cache=str(tmp_path / "data"), threads=1, fused_loss=fused,
+                model_overrides=dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0),
+            )
+            runs[fused] = train(cfg)
+    finally:
+        torch.set_num_threads(threads)
+    assert runs[True].losses.keys() == runs[False].losses.keys()
+    for step, loss in runs[False].losses.items():
+        assert abs(runs[True].losses[step] - loss) < 1e-4, step
+    assert abs(runs[True].val_loss - runs[False].val_loss) < 1e-4
