@@ -23,6 +23,7 @@ only after the new one is in place.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -37,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from scratchlm.config import GPTConfig
-from scratchlm.errors import UserError
+from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -92,6 +93,14 @@ def _torch_save_durably(obj: Any, path: Path) -> None:
         torch.save(obj, f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _write_failed(target: Path, exc: BaseException) -> UserError:
+    """The one-line error for a save that could not be written (the old checkpoints are untouched)."""
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "StorageFull" in str(exc) or "code: 28" in str(exc)
+    why = "the disk is full" if full else f"the write failed ({getattr(exc, 'strerror', None) or exc})"
+    return UserError(f"{target}: cannot save the checkpoint: {why}; nothing was replaced and the previous "
+                     f"checkpoints are intact. Free some space (or fix the folder) and resume")
 
 
 def _new_tmp_dir(parent: Path, name: str) -> Path:
@@ -267,11 +276,13 @@ def save_checkpoint(
             shutil.rmtree(final)
         os.rename(tmp, final)
         _fsync_path(run_dir)
+        _write_text_atomically(run_dir / LATEST_FILE, name + "\n")
+    except (OSError, SafetensorError) as exc:
+        raise _write_failed(final, exc) from exc
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
 
-    _write_text_atomically(run_dir / LATEST_FILE, name + "\n")
     if keep_last:
         prune_checkpoints(run_dir, keep_last)
     return final
@@ -305,6 +316,9 @@ def save_model_checkpoint(
     tokenizer is given, tokenizer/. An existing non-empty out_dir is an error unless overwrite.
     """
     out_dir = Path(out_dir)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise UserError(f"{out_dir}: exists and is a file, not a checkpoint directory; choose a new directory")
+    check_folder_path(out_dir, "output directory")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
         raise UserError(f"{out_dir} already exists and is not empty; choose a new directory or pass overwrite")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -411,6 +425,9 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
     model.to(device).eval()
     tokenizer = _load_tokenizer_near(ckpt)
+    if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
+        raise UserError(f"{ckpt}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {model_config.vocab_size}; "
+                        "they do not belong together. Put the run's own tokenizer/ folder beside the checkpoint")
     info = {"checkpoint": ckpt, "step": config.get("step"), "config": config, "model_config": model_config}
     return model, tokenizer, info
 

@@ -416,8 +416,16 @@ def _run_generate(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a bad flag reported as one `error: ...` line, like every other error (the
+    usage text is one --help away). Subcommand parsers are made of this class too."""
+
+    def error(self, message: str):
+        self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="scratchlm", description="A GPT built from scratch, every step visible.")
+    parser = _Parser(prog="scratchlm", description="A GPT built from scratch, every step visible.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -442,6 +450,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.debug:
             raise
         print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        # the file system said no (a full disk, no permission, a file where a folder should be):
+        # a problem of the machine or the paths given, not a bug, so one line too
+        if args.debug:
+            raise
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror or exc}; check the paths given, their permissions and the free disk space "
+              "(--debug shows where it happened)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -35,7 +35,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from scratchlm.errors import ConfigError, UserError
+from scratchlm.errors import ConfigError, UserError, check_folder_path
 
 FORMAT_VERSION = 1
 MAGIC = b"SLMTOKEN"
@@ -552,6 +552,7 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | Non
     out_dir = Path(out_dir).expanduser()
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
+    check_folder_path(out_dir, "--out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder may become out_dir itself

@@ -10,6 +10,20 @@ class UserError(Exception):
     """A problem with the user's input; the message is shown as-is, without a traceback."""
 
 
+def check_folder_path(path, flag: str) -> None:
+    """Refuse an output folder that cannot be created because a file stands where a folder must.
+
+    Without this, mkdir fails deep inside the work with FileExistsError or NotADirectoryError."""
+    from pathlib import Path
+
+    path = Path(path).expanduser()
+    for place in (path, *path.parents):
+        if place.exists():
+            if not place.is_dir():
+                raise UserError(f"{place}: is a file, not a folder, so {path} cannot be made there; choose another {flag}")
+            return
+
+
 class ConfigError(UserError, ValueError):
     """An invalid configuration field. A ValueError too, so library callers can catch either."""
 

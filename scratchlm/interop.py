@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from scratchlm.config import GPTConfig
-from scratchlm.errors import UserError
+from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
@@ -191,9 +191,10 @@ def _load_checked(model: GPT, state: dict[str, torch.Tensor]) -> None:
         )
     for key, tensor in state.items():
         if tuple(tensor.shape) != tuple(expected[key].shape):
-            raise UserError(
-                f"{key}: shape {tuple(tensor.shape)} in the weights, {tuple(expected[key].shape)} from config.json"
-            )
+            got, want = tuple(tensor.shape), tuple(expected[key].shape)
+            if key.endswith(CONV1D_SUFFIXES):  # name the shapes as the file stores them: Conv1D is (in, out)
+                got, want = got[::-1], want[::-1]
+            raise UserError(f"{key}: shape {got} in the weights, {want} from config.json")
     # copy_ also converts fp16/bf16 weights to the model's float32
     model.load_state_dict(state, strict=True)
 
@@ -387,6 +388,7 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} already exists and is not empty; choose a new directory")
+    check_folder_path(out_dir, "OUT_DIR")
     bos_id = getattr(tokenizer, "bos_id", None)
     eos_id = getattr(tokenizer, "eos_id", None)
     hf_config = hf_config_from_gpt(model.config, bos_id=bos_id, eos_id=eos_id)

@@ -415,7 +415,10 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{config_path}: not a valid tokenizer config ({exc})") from None
     if kind == "char":
-        return CharTokenizer(config["chars"], unk=bool(config.get("unk", False)))
+        chars = config.get("chars")
+        if not isinstance(chars, str):
+            raise UserError(f"{config_path}: a char tokenizer needs \"chars\" as a string of characters, got {chars!r}")
+        return CharTokenizer(chars, unk=bool(config.get("unk", False)))
     if kind == "bpe":
         return BPETokenizer.from_file(directory / config.get("file", "tokenizer.json"))
     if kind == "gpt2":

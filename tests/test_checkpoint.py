@@ -136,7 +136,7 @@ def test_writer_failing_halfway_leaves_latest_loadable(tmp_path, monkeypatch):
     monkeypatch.setattr(ck, "_torch_save_durably", half_write_then_die)
     with torch.no_grad():
         model.transformer.wte.weight.add_(1.0)
-    with pytest.raises(OSError, match="injected"):
+    with pytest.raises(UserError, match=r"the write failed \(disk full \(injected\)\)"):  # one line in the CLI
         _save(tmp_path, model, 20, optimizer_state={"a": torch.zeros(3)}, trainer_state={"step": 20})
     assert (tmp_path / "latest").read_text().strip() == "ckpt-00000010"
     assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["ckpt-00000010"]

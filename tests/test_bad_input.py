@@ -1,0 +1,433 @@
+"""Bad input across the whole command line, driven as real `python -m scratchlm` processes.
+
+Every case builds its files in a folder of its own (the process runs there too, so a stray
+`runs/` or temp file would show), hashes the folder, runs one malformed command, and checks:
+exit status 2, exactly one stderr line of the form `error: ...` holding the words that say what
+is wrong, and every file and folder byte-identical afterwards (nothing changed, nothing added).
+The cases run two at a time (each process spends most of its ~2 s importing torch). The few that
+need a trained model share one tiny run, trained once per session.
+
+Data-preparation cases that test_data.py already covers (empty text, invalid UTF-8, a parquet file
+without its column, ...) are not repeated here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
+WORDS = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
+
+
+def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
+    """A 4-step run of a 1-layer model on a small char corpus (a checkpoint at steps 2 and 4)."""
+    from scratchlm.train import TrainConfig, train
+
+    data = base / "text.txt"
+    if not data.exists():
+        write_text(data)
+    threads = torch.get_num_threads()
+    try:
+        train(TrainConfig(**{
+            **dict(data=str(data), tokenizer="char", batch_size=4, max_steps=4, lr=3e-3, warmup_steps=1,
+                   eval_interval=0, eval_iters=1, log_interval=1, checkpoint_interval=2, sample_tokens=0,
+                   progress="quiet", out_dir=str(out_dir), data_cache=str(base / "data"), threads=1,
+                   model_overrides=TINY_MODEL),
+            **overrides}))
+    finally:
+        torch.set_num_threads(threads)
+    return out_dir
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    """Every path under folder: a file's sha256, a folder's mark, a link's target."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_symlink():
+            out[rel] = "link:" + os.readlink(p)
+        elif p.is_dir():
+            out[rel] = "dir"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# ------------------------------------------------------------------------------ building blocks
+
+
+def _files(**content: bytes | str) -> Callable[[Path, Path], None]:
+    """A setup that writes files (keys use __ for / and _dot_ for .)."""
+    def setup(d: Path, run: Path) -> None:
+        for key, value in content.items():
+            path = d / key.replace("__", "/").replace("_dot_", ".")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(value.encode() if isinstance(value, str) else value)
+    return setup
+
+
+def _copy_run(d: Path, run: Path) -> Path:
+    shutil.copytree(run, d / "run")
+    return d / "run"
+
+
+def _with_run(change: Callable[[Path], None] | None = None) -> Callable[[Path, Path], None]:
+    """A setup that copies the session's tiny run to d/run, then changes its latest checkpoint."""
+    def setup(d: Path, run: Path) -> None:
+        copy = _copy_run(d, run)
+        if change is not None:
+            change(copy / "ckpt-00000004")
+    return setup
+
+
+def _edit_config(edit: Callable[[dict], None]) -> Callable[[Path], None]:
+    def change(ckpt: Path) -> None:
+        cfg = json.loads((ckpt / "config.json").read_text())
+        edit(cfg)
+        (ckpt / "config.json").write_text(json.dumps(cfg))
+    return change
+
+
+def _truncate(name: str) -> Callable[[Path], None]:
+    def change(ckpt: Path) -> None:
+        data = (ckpt / name).read_bytes()
+        (ckpt / name).write_bytes(data[: len(data) // 2])
+    return change
+
+
+def _wrong_shape(ckpt: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(str(ckpt / "model.safetensors"))
+    weights["lm_head.weight"] = torch.zeros(8, 16)  # vocab_size 40 in config.json
+    save_file(weights, str(ckpt / "model.safetensors"), metadata={"format": "pt"})
+
+
+def _bigger_tokenizer(ckpt: Path) -> None:
+    # the run's characters and 300 more beside a 40-entry model: ids the model has no row for
+    path = ckpt.parent / "tokenizer" / "tokenizer_config.json"
+    chars = json.loads(path.read_text())["chars"] + "".join(chr(c) for c in range(0x100, 0x100 + 300))
+    path.write_text(json.dumps({"kind": "char", "chars": chars}))
+
+
+def _gpt2_state(vocab: int = 50, positions: int = 16, c: int = 16, layers: int = 1) -> dict[str, torch.Tensor]:
+    """Random weights under GPT-2's names and shapes (Conv1D matrices are (in, out))."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"transformer.wte.weight": (vocab, c), "transformer.wpe.weight": (positions, c),
+              "transformer.ln_f.weight": (c,), "transformer.ln_f.bias": (c,), "lm_head.weight": (vocab, c)}
+    for i in range(layers):
+        h = f"transformer.h.{i}."
+        shapes.update({h + "ln_1.weight": (c,), h + "ln_1.bias": (c,), h + "ln_2.weight": (c,), h + "ln_2.bias": (c,),
+                       h + "attn.c_attn.weight": (c, 3 * c), h + "attn.c_attn.bias": (3 * c,),
+                       h + "attn.c_proj.weight": (c, c), h + "attn.c_proj.bias": (c,),
+                       h + "mlp.c_fc.weight": (c, 4 * c), h + "mlp.c_fc.bias": (4 * c,),
+                       h + "mlp.c_proj.weight": (4 * c, c), h + "mlp.c_proj.bias": (c,)})
+    return {name: 0.02 * torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def _hf_dir(config: dict | str | None, weights: str = "safetensors", shape_bug: bool = False):
+    """A small GPT-2 directory as save_pretrained writes it: config.json as given, random weights."""
+    def setup(d: Path, run: Path) -> None:
+        hf = d / "hf"
+        hf.mkdir()
+        base = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                    tie_word_embeddings=False)
+        if config is not None:
+            text = config if isinstance(config, str) else json.dumps({**base, **config})
+            (hf / "config.json").write_text(text)
+        if weights == "none":
+            return
+        from safetensors.torch import save_file
+
+        state = _gpt2_state()
+        if shape_bug:
+            state["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(16, 32)  # GPT-2 needs (16, 64)
+        save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    return setup
+
+
+def _setups(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
+    def setup(d: Path, run: Path) -> None:
+        for step in steps:
+            step(d, run)
+    return setup
+
+
+# ------------------------------------------------------------------------------ the cases
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    """After `python -m scratchlm`; {d} is the case folder, {run} its copy of the tiny run."""
+    words: list[str]
+    """Each must appear in the error line (what is wrong, and where)."""
+    setup: Callable[[Path, Path], None] = field(default=lambda d, run: None)
+    debug: bool = False
+    """Run with --debug: a traceback ending in the same error instead of one line."""
+
+
+GEN = ["generate", "--checkpoint", "{d}/run", "--prompt", "the king", "--max-new-tokens", "3", "--device", "cpu"]
+GEN_CKPT = [*GEN[:2], "{d}/run/ckpt-00000004", *GEN[3:]]  # the checkpoint itself, not the run (no fallback)
+TRAIN = ["train", "--preset", "shakespeare-char", "--data", "{d}/t.txt", "--tokenizer", "char", "--max_steps", "2",
+         "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--block_size", "8", "--batch_size", "2", "--threads", "1",
+         "--progress", "quiet", "--out_dir", "{d}/new-run"]
+TEXT = _files(t_dot_txt="the king speaks to the queen of the night\n" * 40)
+CHAR_TOK = '{"kind": "char", "chars": "abc"}'
+
+CASES = [
+    # --- prepare
+    Case("prepare: binary file", ["prepare", "--data", "{d}/img.txt", "--tokenizer", "char", "--out", "{d}/out"],
+         ["img.txt", "invalid UTF-8 at byte offset 0"], _files(img_dot_txt=b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\xff\xfe" * 8)),
+    Case("prepare: output under a regular file", ["prepare", "--data", "{d}/t.txt", "--tokenizer", "char", "--out", "{d}/t.txt/out"],
+         ["t.txt", "not a folder"], TEXT),
+    Case("prepare: output is a regular file", ["prepare", "--data", "{d}/t.txt", "--tokenizer", "char", "--out", "{d}/t.txt"],
+         ["t.txt", "not a folder"], TEXT),
+    Case("prepare: --val-fraction 1.5", ["prepare", "--data", "{d}/t.txt", "--val-fraction", "1.5", "--out", "{d}/out"],
+         ["val_fraction", "1.5"], TEXT),
+    Case("prepare: --vocab-size 0", ["prepare", "--data", "{d}/t.txt", "--vocab-size", "0", "--out", "{d}/out"],
+         ["vocab_size", "positive"], TEXT),
+    Case("prepare: --block-size -1", ["prepare", "--data", "{d}/t.txt", "--block-size", "-1", "--out", "{d}/out"],
+         ["block_size", "positive"], TEXT),
+    Case("prepare: unknown tokenizer", ["prepare", "--data", "{d}/t.txt", "--tokenizer", "words", "--out", "{d}/out"],
+         ["--tokenizer", "invalid choice", "words"], TEXT),
+    Case("prepare: tokenizer folder of the wrong kind",
+         ["prepare", "--data", "{d}/t.txt", "--tokenizer", "bpe", "--tokenizer-file", "{d}/tok", "--out", "{d}/out"],
+         ["tok", "char tokenizer, not bpe"], _setups(TEXT, _files(tok__tokenizer_config_dot_json=CHAR_TOK))),
+    Case("prepare: tokenizer.json that is not one",
+         ["prepare", "--data", "{d}/t.txt", "--tokenizer", "bpe", "--tokenizer-file", "{d}/tok.json", "--out", "{d}/out"],
+         ["tok.json", "not a Hugging Face tokenizer.json"], _setups(TEXT, _files(tok_dot_json="{oops"))),
+    Case("prepare: gpt2 rank file that is not one",
+         ["prepare", "--data", "{d}/t.txt", "--tokenizer", "gpt2", "--tokenizer-file", "{d}/gpt2.tiktoken", "--out", "{d}/out"],
+         ["gpt2.tiktoken", "rank file"], _setups(TEXT, _files(gpt2_dot_tiktoken="not base64 at all\n"))),
+    Case("prepare: tokenizer config with a number for chars",
+         ["prepare", "--data", "{d}/t.txt", "--tokenizer", "char", "--tokenizer-file", "{d}/tok", "--out", "{d}/out"],
+         ["tokenizer_config.json"], _setups(TEXT, _files(tok__tokenizer_config_dot_json='{"kind": "char", "chars": 5}'))),
+    Case("prepare: jsonl line that is a list", ["prepare", "--data", "{d}/d.jsonl", "--out", "{d}/out"],
+         ["d.jsonl line 2", "JSON object"], _files(d_dot_jsonl='{"text": "fine"}\n[1, 2]\n')),
+    Case("prepare: parquet file that is text", ["prepare", "--data", "{d}/d.parquet", "--out", "{d}/out"],
+         ["d.parquet", "not a readable parquet file"], _files(d_dot_parquet="just words\n")),
+    Case("prepare: --val-fraction not a number", ["prepare", "--data", "{d}/t.txt", "--val-fraction", "ten", "--out", "{d}/out"],
+         ["--val-fraction", "ten"], TEXT),
+    # --- train
+    Case("train: --n_embd 0", [*TRAIN, "--n_embd", "0"], ["n_embd", "positive"], TEXT),
+    Case("train: --n_head 3 with --n_embd 128", [*TRAIN, "--n_head", "3", "--n_embd", "128"], ["n_embd", "128", "3"], TEXT),
+    Case("train: --lr -1", [*TRAIN, "--lr", "-1"], ["lr", "positive"], TEXT),
+    Case("train: --batch_size 2.5", [*TRAIN, "--batch_size", "2.5"], ["--batch_size", "2.5"], TEXT),
+    Case("train: unknown preset", [*TRAIN, "--preset", "gpt5"], ["--preset", "gpt5"], TEXT),
+    Case("train: unknown tokenizer", [*TRAIN, "--tokenizer", "words"], ["tokenizer", "words"], TEXT),
+    Case("train: missing data", [*TRAIN, "--data", "{d}/nowhere.txt"], ["nowhere.txt", "no such file"]),
+    Case("train: corpus shorter than one window", [*TRAIN, "--block_size", "4096"], ["window", "4097"], TEXT),
+    Case("train: run directory that already holds a run", [*TRAIN, "--out_dir", "{d}/run"], ["run", "--resume"],
+         _setups(TEXT, _with_run())),
+    Case("train: run directory under a regular file", [*TRAIN, "--out_dir", "{d}/t.txt/run"], ["t.txt", "not a folder"], TEXT),
+    Case("train: --dtype float16 on CPU", [*TRAIN, "--dtype", "float16", "--device", "cpu"], ["float16", "CUDA"], TEXT),
+    Case("train: unknown device", [*TRAIN, "--device", "banana"], ["--device", "banana"], TEXT),
+    Case("train: --threads -1", [*TRAIN, "--threads", "-1"], ["threads", "-1"], TEXT),
+    Case("train: --dropout 1.5", [*TRAIN, "--dropout", "1.5"], ["dropout", "1.5"], TEXT),
+    Case("train: unknown activation", [*TRAIN, "--activation", "swish"], ["activation", "swish"], TEXT),
+    Case("train: --max_steps 0", [*TRAIN, "--max_steps", "0"], ["max_steps", "0"], TEXT),
+    Case("train: --val_fraction 0", [*TRAIN, "--val_fraction", "0"], ["val_fraction", "0"], TEXT),
+    # --- train --resume
+    Case("resume: no such run", ["train", "--resume", "{d}/nowhere"], ["nowhere", "no checkpoint"]),
+    Case("resume: latest names a missing checkpoint", ["train", "--resume", "{d}/r"], ["no checkpoint"],
+         _files(r__latest="ckpt-00000099\n")),
+    Case("resume: truncated trainer state", ["train", "--resume", "{d}/run"], ["trainer_state.pt", "cannot read"],
+         _with_run(_truncate("trainer_state.pt"))),
+    Case("resume: missing optimizer state", ["train", "--resume", "{d}/run"], ["optimizer.pt", "missing"],
+         _with_run(lambda c: (c / "optimizer.pt").unlink())),
+    Case("resume: config.json is not JSON", ["train", "--resume", "{d}/run"], ["config.json", "not valid JSON"],
+         _with_run(lambda c: (c / "config.json").write_text("{\"model\": "))),
+    Case("resume: with model flags", ["train", "--resume", "{d}/run", "--n_layer", "3"], ["--resume", "model flags"], _with_run()),
+    Case("resume: into another --out_dir", ["train", "--resume", "{d}/run", "--out_dir", "{d}/other"], ["--out_dir"], _with_run()),
+    Case("resume: data with more characters than the model", ["train", "--resume", "{d}/run", "--data", "{d}/wide.txt"],
+         ["vocabulary"], _setups(_with_run(), _files(wide_dot_txt="".join(chr(c) for c in range(0x400, 0x480)) * 10))),
+    # --- generate
+    Case("generate: checkpoint is a regular file", [*GEN[:2], "{d}/t.txt", *GEN[3:]], ["t.txt", "no checkpoint"], TEXT),
+    Case("generate: weights file missing", GEN_CKPT, ["model.safetensors", "missing"],
+         _with_run(lambda c: (c / "model.safetensors").unlink())),
+    Case("generate: weights truncated", GEN, ["model.safetensors", "truncated"], _with_run(_truncate("model.safetensors"))),
+    Case("generate: a tensor of the wrong shape", GEN, ["lm_head.weight", "(8, 16)", "(40, 16)"], _with_run(_wrong_shape)),
+    Case("generate: config does not match the weights", GEN, ["config.json", "(40, 32)"],
+         _with_run(_edit_config(lambda c: c["model"].update(n_embd=32)))),
+    Case("generate: negative size in config.json", GEN, ["n_layer", "-1"],
+         _with_run(_edit_config(lambda c: c["model"].update(n_layer=-1)))),
+    Case("generate: non-integer size in config.json", GEN, ["n_embd", "16.5"],
+         _with_run(_edit_config(lambda c: c["model"].update(n_embd=16.5)))),
+    Case("generate: config.json without a model section", GEN, ["config.json", "'model'"],
+         _with_run(_edit_config(lambda c: c.pop("model")))),
+    Case("generate: tokenizer larger than the model", GEN, ["tokenizer", "340", "40"], _with_run(_bigger_tokenizer)),
+    Case("generate: tokenizer of an unknown kind", GEN, ["tokenizer_config.json", "words"],
+         _with_run(lambda c: (c.parent / "tokenizer" / "tokenizer_config.json").write_text('{"kind": "words"}'))),
+    Case("generate: prompt with unknown characters", [*GEN[:3], "--prompt", "king \u00e9\u00e9\u4e2d", *GEN[5:]],
+         ["'\u00e9'", "'\u4e2d'"], _with_run()),
+    Case("generate: --max-new-tokens -5", [*GEN, "--max-new-tokens", "-5"], ["--max-new-tokens", "-5"], _with_run()),
+    Case("generate: --max-new-tokens 10**9", [*GEN, "--max-new-tokens", str(10**9)], ["--max-new-tokens", str(10**9)], _with_run()),
+    Case("generate: --top-p 1.5", [*GEN, "--top-p", "1.5"], ["top_p", "1.5"], _with_run()),
+    Case("generate: --temperature -1", [*GEN, "--temperature", "-1"], ["temperature", "-1"], _with_run()),
+    Case("generate: more samples than beams", [*GEN, "--beams", "2", "--num-samples", "3"], ["beams", "3"], _with_run()),
+    Case("generate: prompt file is a folder", [*GEN[:3], "--prompt-file", "{d}/run", *GEN[5:]], ["--prompt-file", "run"], _with_run()),
+    Case("generate: --device cuda without CUDA", [*GEN, "--device", "cuda"], ["cuda", "--device cpu"], _with_run()),
+    # --- inspect
+    Case("inspect: unknown preset", ["inspect", "--preset", "gpt5"], ["preset", "gpt5"]),
+    Case("inspect: --seq-len beyond the context", ["inspect", "--checkpoint", "{d}/run", "--seq-len", "1000"],
+         ["--seq-len", "1000", "16"], _with_run()),
+    Case("inspect: --batch-size 0", ["inspect", "--batch-size", "0"], ["--batch-size", "positive"]),
+    Case("inspect: checkpoint folder with no checkpoint", ["inspect", "--checkpoint", "{d}/empty"], ["empty", "no checkpoint"],
+         _files(empty__notes_dot_txt="not a checkpoint")),
+    # --- export-hf
+    Case("export-hf: into a non-empty folder", ["export-hf", "{d}/run", "{d}/out"], ["out", "not empty"],
+         _setups(_with_run(), _files(out__keep_dot_txt="mine"))),
+    Case("export-hf: output under a regular file", ["export-hf", "{d}/run", "{d}/t.txt/out"], ["t.txt", "not a folder"],
+         _setups(_with_run(), TEXT)),
+    Case("export-hf: rotary positions", ["export-hf", "{d}/run", "{d}/out"], ["pos_embedding", "rope"], _with_run()),
+    # --- import-hf
+    Case("import-hf: a folder that is not GPT-2", ["import-hf", "{d}/hf", "{d}/out"], ["model_type", "llama"],
+         _hf_dir({"model_type": "llama"})),
+    Case("import-hf: config.json that is not JSON", ["import-hf", "{d}/hf", "{d}/out"], ["config.json", "not valid JSON"],
+         _hf_dir("{not json")),
+    Case("import-hf: no weights", ["import-hf", "{d}/hf", "{d}/out"], ["model.safetensors"], _hf_dir({}, weights="none")),
+    Case("import-hf: a weight of the wrong shape", ["import-hf", "{d}/hf", "{d}/out"], ["c_fc", "(16, 32)"],
+         _hf_dir({}, shape_bug=True)),
+    Case("import-hf: n_embd not divisible by n_head", ["import-hf", "{d}/hf", "{d}/out"], ["n_embd", "n_head"],
+         _hf_dir({"n_head": 3})),
+    Case("import-hf: a regular file", ["import-hf", "{d}/t.txt", "{d}/out"], ["t.txt", "not a directory"], TEXT),
+    Case("import-hf: into a non-empty folder", ["import-hf", "{d}/hf", "{d}/out"], ["out", "not empty"],
+         _setups(_hf_dir({}), _files(out__keep_dot_txt="mine"))),
+    # --- the same errors under --debug: a traceback that ends in the UserError
+    Case("debug: generate, weights file missing", GEN_CKPT, ["model.safetensors", "missing"],
+         _with_run(lambda c: (c / "model.safetensors").unlink()), debug=True),
+    Case("debug: train, --n_embd 0", [*TRAIN, "--n_embd", "0"], ["n_embd", "positive"], TEXT, debug=True),
+]
+
+
+# ------------------------------------------------------------------------------ running them
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("bad-input-run")
+    return train_tiny_run(base, base / "run")
+
+
+@dataclass
+class Outcome:
+    code: int
+    stderr: str
+    before: dict
+    after: dict
+
+
+def _run_case(case: Case, d: Path, run: Path, cache: Path) -> Outcome:
+    d.mkdir()
+    case.setup(d, run)
+    before = tree_hashes(d)
+    argv = [a.format(d=d) for a in case.argv]
+    env = {**os.environ, "SCRATCHLM_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", *(["--debug"] if case.debug else []), *argv],
+                          cwd=d, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
+    return Outcome(proc.returncode, proc.stderr, before, tree_hashes(d))
+
+
+# The default tier runs the torch-free prepare cases and two of every other command; the slow
+# tier (still run by the full suite) runs the rest. Each process costs about 1.5 s of CPU.
+DEFAULT_TIER = {c.name for c in CASES if c.argv[0] == "prepare"} | {
+    "train: --n_head 3 with --n_embd 128", "train: run directory that already holds a run",
+    "resume: truncated trainer state", "resume: data with more characters than the model",
+    "generate: a tensor of the wrong shape", "generate: tokenizer larger than the model",
+    "inspect: --seq-len beyond the context", "export-hf: into a non-empty folder", "import-hf: a folder that is not GPT-2",
+    "import-hf: a weight of the wrong shape", "debug: generate, weights file missing",
+}
+
+
+def _run_all(cases: list[Case], run: Path, root: Path, cache: Path) -> dict[str, Outcome]:
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {c.name: pool.submit(_run_case, c, root / f"case{i:02d}", run, cache) for i, c in enumerate(cases)}
+        results = {name: f.result() for name, f in futures.items()}
+    clean = sum(_problems(c, results[c.name]) == [] for c in cases)
+    print(f"\nbad inputs tried: {len(cases)}; clean error with nothing changed: {clean}")
+    return results
+
+
+@pytest.fixture(scope="session")
+def outcomes(tiny_run, tmp_path_factory) -> dict[str, Outcome]:
+    """The default tier's cases, each run once, two processes at a time."""
+    cases = [c for c in CASES if c.name in DEFAULT_TIER]
+    return _run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
+
+
+@pytest.fixture(scope="session")
+def slow_outcomes(tiny_run, tmp_path_factory) -> dict[str, Outcome]:
+    cases = [c for c in CASES if c.name not in DEFAULT_TIER]
+    return _run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
+
+
+def _problems(case: Case, out: Outcome) -> list[str]:
+    problems = []
+    lines = out.stderr.strip().splitlines()
+    if out.code != (1 if case.debug else 2):  # --debug lets the exception end the process
+        problems.append(f"exit status {out.code}, expected {1 if case.debug else 2}")
+    if case.debug:
+        if not lines or "Traceback" not in out.stderr or "UserError" not in lines[-1] and "ConfigError" not in lines[-1]:
+            problems.append("--debug should show a traceback ending in the error")
+        text = lines[-1] if lines else ""
+    else:
+        if len(lines) != 1 or not lines[0].startswith("error: "):
+            problems.append("stderr is not exactly one `error: ...` line")
+        text = lines[0] if lines else ""
+    problems += [f"the error line lacks {w!r}" for w in case.words if w not in text]
+    if out.after != out.before:
+        changed = sorted(k for k in set(out.before) | set(out.after) if out.before.get(k) != out.after.get(k))
+        problems.append(f"files changed or added: {changed[:5]}")
+    return problems
+
+
+def test_at_least_forty_distinct_cases_over_every_subcommand():
+    names = [c.name for c in CASES]
+    assert len(set(names)) == len(names) >= 40
+    commands = {c.argv[0] for c in CASES}
+    assert commands >= {"prepare", "train", "generate", "inspect", "export-hf", "import-hf"}
+    assert sum("--resume" in c.argv for c in CASES) >= 5
+    assert DEFAULT_TIER <= set(names)
+
+
+def _check(case: Case, out: Outcome) -> None:
+    problems = _problems(case, out)
+    assert not problems, f"{problems}\nstderr:\n{out.stderr[-3000:]}"
+
+
+FAST = [c for c in CASES if c.name in DEFAULT_TIER]
+SLOW = [c for c in CASES if c.name not in DEFAULT_TIER]
+
+
+@pytest.mark.parametrize("case", FAST, ids=[c.name for c in FAST])
+def test_bad_input_is_one_clear_line_and_changes_nothing(case, outcomes):
+    _check(case, outcomes[case.name])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW, ids=[c.name for c in SLOW])
+def test_more_bad_input_is_one_clear_line_and_changes_nothing(case, slow_outcomes):
+    _check(case, slow_outcomes[case.name])
