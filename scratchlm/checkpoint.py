@@ -38,7 +38,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from scratchlm.config import GPTConfig
-from scratchlm.errors import UserError, check_folder_path
+from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -205,7 +205,7 @@ def _torch_load_safely(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a truncated zip or a forbidden pickle global; both mean "bad file"
-        raise UserError(f"{path}: cannot read it ({type(exc).__name__}: {exc})") from exc
+        raise UserError(f"{path}: cannot read it ({read_failure(exc)})") from exc
 
 
 # --------------------------------------------------------------------------------------------

@@ -24,6 +24,21 @@ def check_folder_path(path, flag: str) -> None:
             return
 
 
+def read_failure(exc: BaseException) -> str:
+    """Why a file could not be read, in one short line (torch's refusals run over many lines).
+
+    A pickle that torch's weights-only loader refused is named as such: it asked for an object
+    other than tensors and plain data, and unpickling that object is how a file runs code."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc)).strip()
+    unsafe = re.search(r"Unsupported global: GLOBAL (\S+)", text)
+    if unsafe:
+        return (f"refused: it holds a pickled {unsafe.group(1)}, not only tensors, and unpickling that could run "
+                "code; use a file from a source you trust, or make it again")
+    return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no details'}"
+
+
 class ConfigError(UserError, ValueError):
     """An invalid configuration field. A ValueError too, so library callers can catch either."""
 

@@ -31,7 +31,7 @@ from typing import Any, Mapping
 import torch
 
 from scratchlm.config import GPTConfig
-from scratchlm.errors import UserError, check_folder_path
+from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.model import GPT
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
@@ -220,7 +220,7 @@ def read_hf_weights(directory: Path | str) -> dict[str, torch.Tensor]:
     except UserError:
         raise
     except Exception as exc:  # safetensors and torch.load raise many kinds on a damaged file
-        raise UserError(f"{directory}: could not read the weights ({type(exc).__name__}: {exc})") from None
+        raise UserError(f"{directory}: could not read the weights ({read_failure(exc)})") from None
     raise UserError(f"{directory}: no {WEIGHTS_FILE}, {WEIGHTS_INDEX_FILE} or {PICKLE_WEIGHTS_FILE} here")
 
 

@@ -1,0 +1,191 @@
+"""Crash safety, measured: SIGKILL a CPU training run at random instants, resume it, repeat.
+
+    python scripts/kill_resume.py --kills 25            # the documented figure (about 2 minutes)
+    python scripts/kill_resume.py --kills 3 --json      # what tests/test_crash.py runs
+
+First an uninterrupted reference run (a tiny model, dropout on, a checkpoint after every step) is
+trained with `python -m scratchlm train`. Then the same run is started again and killed with
+SIGKILL at a random instant of its training phase (often in the middle of a checkpoint write),
+resumed with `scratchlm train --resume`, killed again, and so on; after the last kill it resumes
+to the end. After every kill the checkpoint that `latest` names must load, and its weights and
+optimizer state must be bit-identical to the reference run's checkpoint of the same step; at the
+end the final checkpoint must be bit-identical too. One thread everywhere, so summation orders
+agree. A kill before the first checkpoint leaves a run folder with no checkpoint, which cannot be
+resumed; the script then deletes it and starts afresh (and says so).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+WORDS = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
+
+
+def write_corpus(path: Path, n_lines: int = 300, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_argv(corpus: Path, out_dir: Path, cache: Path, steps: int, seed: int) -> list[str]:
+    return [
+        "train", "--preset", "shakespeare-char", "--data", str(corpus), "--tokenizer", "char",
+        "--n_layer", "1", "--n_head", "2", "--n_embd", "32", "--block_size", "16", "--dropout", "0.1",
+        "--batch_size", "4", "--max_steps", str(steps), "--warmup_steps", "5", "--lr", "3e-3",
+        "--eval_interval", "0", "--eval_iters", "2", "--sample_tokens", "0", "--log_interval", "1",
+        "--checkpoint_interval", "1", "--threads", "1", "--seed", str(seed), "--progress", "lines",
+        "--out_dir", str(out_dir), "--data_cache", str(cache),
+    ]
+
+
+class _Run:
+    """A `python -m scratchlm ...` process whose stdout is watched for the start of training."""
+
+    def __init__(self, argv: list[str], env: dict):
+        self.proc = subprocess.Popen([sys.executable, "-m", "scratchlm", *argv], cwd=REPO, env=env,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self.training = threading.Event()  # set at the "run ...: N parameters" line
+        self.lines: list[str] = []
+        self.err = ""
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_err, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line)
+            if line.startswith("run "):
+                self.training.set()
+        self.training.set()  # ended (or died) without training: stop waiting
+
+    def _read_err(self) -> None:
+        self.err = self.proc.stderr.read()
+
+    def wait(self) -> int:
+        code = self.proc.wait()
+        self.training.wait(5)
+        return code
+
+
+def _tensors(ckpt: Path) -> dict:
+    """Every tensor of a checkpoint: its weights and its optimizer state, by name."""
+    import torch
+
+    from scratchlm.checkpoint import load_training_state
+    from safetensors.torch import load_file
+
+    out = {f"w.{k}": v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
+    optimizer_state, _ = load_training_state(ckpt)
+    for index, state in optimizer_state["optimizer"]["state"].items():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                out[f"opt.{index}.{key}"] = value
+    return out
+
+
+def bit_identical(a: Path, b: Path) -> bool:
+    import torch
+
+    ta, tb = _tensors(a), _tensors(b)
+    return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) and ta[k].dtype == tb[k].dtype for k in ta)
+
+
+def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir: Path | None = None,
+                    log=print) -> dict:
+    """Train a reference run, then the same run through `kills` SIGKILLs and resumes; compare."""
+    from scratchlm.checkpoint import latest_checkpoint, load_model
+
+    steps = steps or max(40, 6 * kills)
+    own_dir = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="kill-resume-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(seed)
+    env = {**os.environ, "SCRATCHLM_CACHE": str(workdir / "cache"), "PYTHONWARNINGS": "ignore"}
+    corpus = write_corpus(workdir / "corpus.txt")
+    ref, run, data_cache = workdir / "reference", workdir / "killed", workdir / "data"
+    try:
+        t0 = time.perf_counter()
+        reference = _Run(train_argv(corpus, ref, data_cache, steps, seed), env)
+        if reference.wait() != 0:
+            raise RuntimeError(f"the reference run failed:\n{reference.err}")
+        # seconds per step (with its save), from the run's own log: start-up is not part of it
+        times = [e["time"] for e in map(json.loads, (ref / "metrics.jsonl").read_text().splitlines()) if e["event"] == "train"]
+        per_step = (times[-1] - times[0]) / max(1, len(times) - 1)
+        log(f"reference: {steps} steps in {time.perf_counter() - t0:.1f}s ({1000 * per_step:.0f} ms/step with its save)")
+
+        cycles, restarts_from_scratch = [], 0
+        while len(cycles) < kills:
+            latest = latest_checkpoint(run)
+            done = 0 if latest is None else int(latest.name.split("-")[1])
+            if done >= steps:
+                raise RuntimeError(f"the run finished after {len(cycles)} kills; give more --steps")
+            if latest is None and run.exists():
+                shutil.rmtree(run)  # killed before its first checkpoint: nothing to resume
+                restarts_from_scratch += 1
+            argv = ["train", "--resume", str(run), "--progress", "lines"] if latest else train_argv(corpus, run, data_cache, steps, seed)
+            proc = _Run(argv, env)
+            proc.training.wait()
+            # a random instant of the training phase, spread so the run does not finish before the last kill
+            left = kills - len(cycles)
+            time.sleep(rng.uniform(0, 2 * per_step * (steps - done) / (left + 1)))
+            proc.proc.send_signal(signal.SIGKILL)
+            code = proc.wait()
+            after = latest_checkpoint(run)
+            step = None if after is None else int(after.name.split("-")[1])
+            same = True
+            if after is not None:
+                load_model(run)  # `latest` must always load whole
+                same = bit_identical(after, ref / after.name)
+            cycles.append({"kill": len(cycles) + 1, "from_step": done, "latest_step": step, "exit": code, "identical": same})
+            log(f"kill {len(cycles)}: resumed at step {done}, killed at step ~{step} (exit {code}); "
+                f"latest checkpoint {'bit-identical' if same else 'DIFFERS'}")
+
+        final = _Run(["train", "--resume", str(run), "--progress", "lines"], env)
+        if final.wait() != 0:
+            raise RuntimeError(f"the last resume failed:\n{final.err}")
+        last = latest_checkpoint(run)
+        final_same = last is not None and last.name == latest_checkpoint(ref).name and bit_identical(last, ref / last.name)
+        result = {
+            "kills": len(cycles), "steps": steps, "cycles_identical": sum(c["identical"] for c in cycles),
+            "final_step": None if last is None else int(last.name.split("-")[1]),
+            "final_identical": bool(final_same), "restarts_from_scratch": restarts_from_scratch,
+            "seconds": round(time.perf_counter() - t0, 1), "cycles": cycles,
+        }
+        log(f"{result['kills']} kills, {result['cycles_identical']} left a bit-identical latest checkpoint; "
+            f"final step {result['final_step']}/{steps}: weights and optimizer state "
+            f"{'bit-identical' if final_same else 'DIFFERENT'} to the uninterrupted run ({result['seconds']}s)")
+        return result
+    finally:
+        if own_dir:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--kills", type=int, default=25, help="SIGKILLs to deliver (default: 25)")
+    parser.add_argument("--steps", type=int, default=None, help="planned optimizer steps (default: max(40, 6 x kills))")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the run and of the kill instants (default: 0)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temp dir, removed)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    args = parser.parse_args()
+    result = run_kill_resume(args.kills, args.steps, args.seed, args.workdir)
+    if args.json:
+        print(json.dumps(result, indent=1))
+    ok = result["final_identical"] and result["cycles_identical"] == result["kills"]
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
