@@ -342,6 +342,9 @@ def _add_generate(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (the plain loop)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
+    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+                   help="decode with the weights cast to this (bfloat16: about twice as fast on CPU, "
+                        "bfloat16 precision; default: the checkpoint's own)")
     p.set_defaults(run=_run_generate)
 
 
@@ -385,7 +388,7 @@ def _run_generate(args) -> int:
     options = dict(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, greedy=args.greedy, seed=args.seed,
-        stop=stops, use_cache=not args.no_cache,
+        stop=stops, use_cache=not args.no_cache, dtype=args.dtype,
     )
     out = sys.stdout
     try:

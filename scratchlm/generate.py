@@ -20,13 +20,16 @@ Beam search keeps the `beam_width` most probable partial sequences instead of on
 
 from __future__ import annotations
 
+import copy
 import math
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError, UserError
@@ -179,30 +182,135 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 # --------------------------------------------------------------------------------------------
 
 
-def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None, head=None) -> torch.Tensor:
-    """ids (B, T) -> scores of the next token (B, V). Only the last position reaches lm_head:
-    the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product thrown away."""
+def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+    """ids (B, T) -> scores of the next token (B, V), in float32. Only the last position reaches
+    lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product thrown away."""
     hidden = model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
-    head = model.lm_head if head is None else head
-    return head(hidden[:, -1, :])  # (B, V)
+    return model.lm_head(hidden[:, -1, :]).float()  # (B, V)
 
 
-def _decoding_head(model: GPT, steps: int):
-    """lm_head for one position per row, as fast as the device allows.
+def _mkldnn_packing_available() -> bool:
+    ops = getattr(torch.ops, "mkldnn", None)
+    try:
+        return torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight") \
+            and hasattr(ops, "_linear_pointwise")
+    except (AttributeError, RuntimeError):
+        return False
 
-    lm_head is the largest matrix a decoding step reads (V x C: 39M of GPT-2's 124M weights).
-    For a single row, CPU BLAS reads a (C, V) copy about twice as fast as nn.Linear's (V, C)
-    layout, so on CPU a transposed copy is made once per call and reused every step. On GPUs
-    both layouts are equally fast and the module is used as it is.
+
+class DecodingLinear(nn.Module):
+    """nn.Linear's y = x W^T + b for decoding on a CPU: W in `dtype` (float32 or bfloat16), stored
+    the way the CPU reads it fastest; x and y stay in the caller's dtype.
+
+    A decoding step multiplies one row per sequence by every weight matrix, so its speed is the
+    speed of reading the weights from memory, and bfloat16 weights halve what is read. On CPU,
+    nn.Linear's (out, in) layout is read slowly for a single row, and in bfloat16 oneDNN even
+    repacks the whole matrix on every call. Here the matrix is packed once: into oneDNN's own
+    blocked layout ("packed"), or transposed to (in, out), which MKL reads fast for one row.
+    In bfloat16 the input is rounded to bfloat16 and the products summed in float32, as under
+    autocast.
     """
-    head = model.lm_head
-    if head.weight.device.type != "cpu" or steps < 8:
-        return head
-    weight_t = head.weight.detach().t().contiguous()  # (C, V)
-    if head.bias is None:
-        return lambda h: h @ weight_t  # (B, C) @ (C, V) -> (B, V)
-    bias = head.bias.detach()
-    return lambda h: torch.addmm(bias, h, weight_t)  # bias + (B, C) @ (C, V)
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype, layout: str | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.dtype = dtype
+        if layout is None:
+            layout = "packed" if dtype == torch.bfloat16 and _mkldnn_packing_available() else "in_out"
+        self.layout = layout
+        weight = linear.weight.detach().to(dtype)  # (out, in)
+        self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
+        if layout == "packed":
+            self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # opaque blocked layout
+        else:
+            self.weight = weight.t().contiguous()  # (in, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x_dtype = x.dtype
+        x = x.to(self.dtype)
+        if self.layout == "packed":
+            y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        elif self.bias is None:
+            y = x @ self.weight  # (..., in) @ (in, out) -> (..., out)
+        else:
+            y = torch.addmm(self.bias, x.flatten(0, -2), self.weight).view(*x.shape[:-1], -1)  # (..., out)
+        return y.to(x_dtype)
+
+
+def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: str | None = None) -> GPT:
+    """A copy of `model` for decoding only, in eval mode, with its weights in `dtype` (None keeps
+    the model's).
+
+    On CPU, every Linear (lm_head included) becomes a `DecodingLinear` holding its weight in
+    `dtype` and in a layout read fast for one row, while everything else (activations, norms,
+    embeddings, attention and the KV cache) stays in float32: bfloat16 attention is several times
+    slower on CPU, and the weights are what a step reads. A tied lm_head gets a copy of its own;
+    the embedding keeps the (V, C) table, of which a step reads one row. Elsewhere (GPU) the copy
+    is simply cast to `dtype`. The copy shares no storage with `model`: in float32 it computes the
+    same numbers to rounding; in bfloat16 to bfloat16's precision (about 3 significant digits).
+    `generate`, `iter_tokens` and `beam_search` build one and reuse it while the weights stay
+    unchanged (see `_decoder_for`).
+    """
+    dtype = _as_dtype(dtype, model)
+    device, own_dtype = _model_device_dtype(model)
+    if device.type != "cpu" or dtype not in DECODE_DTYPES or own_dtype not in DECODE_DTYPES:
+        fast = copy.deepcopy(model).to(dtype)
+    else:
+        linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+        # Copy everything except the Linear layers (a placeholder stands in for each, so their
+        # weights, most of the model, are not copied in the old layout), then rebuild those.
+        placeholders = {id(m): nn.Identity() for m in linears.values()}
+        fast = copy.deepcopy(model, memo=dict(placeholders))
+        for name, linear in linears.items():
+            fast.set_submodule(name, DecodingLinear(linear, dtype, layout))
+        fast = fast.float()  # the copy's own tensors only: no Linear of `model` is left in it
+    fast.eval().requires_grad_(False)
+    fast.is_decoding_copy = True
+    return fast
+
+
+DECODE_DTYPES = (torch.float32, torch.bfloat16)
+
+
+def _as_dtype(dtype: torch.dtype | str | None, model: GPT) -> torch.dtype:
+    if dtype is None:
+        return _model_device_dtype(model)[1]
+    if isinstance(dtype, str):
+        named = getattr(torch, dtype, None)
+        if not isinstance(named, torch.dtype) or not named.is_floating_point:
+            raise ConfigError("dtype", f"unknown floating-point dtype {dtype!r}; use float32 or bfloat16")
+        dtype = named
+    if not dtype.is_floating_point:
+        raise ConfigError("dtype", f"decoding needs a floating-point dtype, got {dtype}")
+    return dtype
+
+
+_DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""model -> (dtype, weights signature, its decoding copy): the last copy built for each model."""
+
+
+def _weights_signature(model: GPT) -> tuple:
+    # Any in-place change to a parameter (an optimizer step, load_state_dict, copy_) bumps its
+    # version counter; a replaced tensor has a new address. Either makes the old copy stale.
+    return tuple((p.data_ptr(), p._version) for p in model.parameters())
+
+
+def _decoder_for(model: GPT, steps: int, dtype: torch.dtype | str | None) -> GPT:
+    """The model each step runs: the model itself when it will do (same dtype, and not on CPU or
+    too few steps for a copy to pay for itself), else its decoding copy, built once and reused
+    while the model's weights stay as they were."""
+    device, own_dtype = _model_device_dtype(model)
+    dtype = _as_dtype(dtype, model)
+    if getattr(model, "is_decoding_copy", False) or (dtype == own_dtype and (steps < 8 or device.type != "cpu")):
+        return model
+    signature = _weights_signature(model)
+    cached = _DECODERS.get(model)
+    if cached is not None and cached[0] == dtype and cached[1] == signature:
+        return cached[2]
+    _DECODERS.pop(model, None)  # free the stale copy before building the next
+    fast = decoding_model(model, dtype)
+    _DECODERS[model] = (dtype, signature, fast)
+    return fast
 
 
 def _model_device_dtype(model: GPT) -> tuple[torch.device, torch.dtype]:
@@ -224,6 +332,7 @@ def iter_tokens(
     greedy: bool = False,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
+    dtype: torch.dtype | str | None = None,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (next ids (B,), the model's raw logits (B, V) they were chosen from), step by step.
 
@@ -248,7 +357,8 @@ def iter_tokens(
     )
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
-    device, dtype = _model_device_dtype(model)
+    decoder = _decoder_for(model, max_new_tokens, dtype)
+    device, dtype = _model_device_dtype(decoder)
     block = model.config.block_size
     B, T0 = idx.shape
     # One buffer for the whole sequence, written in place: no concatenation per step.
@@ -257,19 +367,18 @@ def iter_tokens(
     n = T0
     penalise = repetition_penalty != 1.0
     cache = KVCache(model.config, B, device=device, dtype=dtype) if use_cache else None
-    head = _decoding_head(model, max_new_tokens)
 
     was_training = model.training
     model.eval()
     try:
         for step in range(max_new_tokens):
             if cache is None:
-                logits = _last_logits(model, seq[:, max(0, n - block) : n], None, head)
+                logits = _last_logits(decoder, seq[:, max(0, n - block) : n], None)
             elif step == 0 or cache.length == block:
                 cache.length = 0  # start over in the same preallocated tensors
-                logits = _last_logits(model, seq[:, max(0, n - block) : n], cache, head)
+                logits = _last_logits(decoder, seq[:, max(0, n - block) : n], cache)
             else:
-                logits = _last_logits(model, seq[:, n - 1 : n], cache, head)
+                logits = _last_logits(decoder, seq[:, n - 1 : n], cache)
             next_ids = choose_next(
                 logits, seq[:, :n] if penalise else None, temperature=temperature, top_k=top_k,
                 top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, greedy=greedy,
@@ -297,6 +406,7 @@ def generate_ids(
     seed: int | None = None,
     use_cache: bool = True,
     eos_id: int | None = None,
+    dtype: torch.dtype | str | None = None,
 ) -> torch.Tensor:
     """ids (B, T0) -> (B, T0 + n) with the n <= max_new_tokens chosen tokens appended.
 
@@ -312,7 +422,7 @@ def generate_ids(
     for next_ids, _ in iter_tokens(
         model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
         min_p=min_p, repetition_penalty=repetition_penalty, greedy=greedy, generator=generator,
-        use_cache=use_cache,
+        use_cache=use_cache, dtype=dtype,
     ):
         if done is not None:
             next_ids = next_ids.masked_fill(done, eos_id)
@@ -347,6 +457,7 @@ def beam_search(
     *,
     eos_id: int | None = None,
     use_cache: bool = True,
+    dtype: torch.dtype | str | None = None,
 ) -> list[tuple[list[int], float]]:
     """Keep the `beam_width` most probable continuations at every step; return the `n_best`.
 
@@ -366,7 +477,8 @@ def beam_search(
         idx = idx[0]
     if idx.numel() == 0:
         raise ValueError("the prompt is empty; start it from BOS")
-    device, dtype = _model_device_dtype(model)
+    decoder = _decoder_for(model, max_new_tokens, dtype)
+    device, dtype = _model_device_dtype(decoder)
     block = model.config.block_size
     T0 = idx.numel()
 
@@ -374,19 +486,18 @@ def beam_search(
     scores = torch.zeros(1, device=device)  # (W_live,) log-probability of each continuation
     finished: list[tuple[list[int], float]] = []
     cache = KVCache(model.config, 1, device=device, dtype=dtype) if use_cache else None
-    head = _decoding_head(model, max_new_tokens)
     was_training = model.training
     model.eval()
     try:
         for step in range(max_new_tokens):
             n = beams.shape[1]
             if cache is None:
-                logits = _last_logits(model, beams[:, max(0, n - block) :], None, head)
+                logits = _last_logits(decoder, beams[:, max(0, n - block) :], None)
             elif step == 0 or cache.length == block:
                 cache = KVCache(model.config, beams.shape[0], device=device, dtype=dtype)
-                logits = _last_logits(model, beams[:, max(0, n - block) :], cache, head)
+                logits = _last_logits(decoder, beams[:, max(0, n - block) :], cache)
             else:
-                logits = _last_logits(model, beams[:, -1:], cache, head)
+                logits = _last_logits(decoder, beams[:, -1:], cache)
             logp = F.log_softmax(logits.float(), dim=-1)  # (W_live, V)
             V = logp.shape[-1]
             candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
@@ -550,6 +661,7 @@ def _sampling_kwargs(options: dict) -> dict:
 def _run_rows(
     model: GPT, tokenizer, start_ids: list[int], num_samples: int, stop: Sequence[str] | None,
     seed: int | None, use_cache: bool, max_new_tokens: int, sampling: dict,
+    dtype: torch.dtype | str | None = None,
 ) -> Iterator[list[_Row]]:
     """Sample `num_samples` continuations of one prompt in one batch; yield the rows after
     every step, and once more after they are all finished."""
@@ -558,7 +670,8 @@ def _run_rows(
     rows = [_Row(tokenizer, eos_id, [s for s in (stop or []) if s]) for _ in range(num_samples)]
     idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (S, T0)
     generator = make_generator(seed, device)
-    tokens = iter_tokens(model, idx, max_new_tokens=max_new_tokens, generator=generator, use_cache=use_cache, **sampling)
+    tokens = iter_tokens(model, idx, max_new_tokens=max_new_tokens, generator=generator, use_cache=use_cache,
+                         dtype=dtype, **sampling)
     try:
         for next_ids, _ in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -601,6 +714,7 @@ def generate(
     num_samples: int = 1,
     beams: int = 1,
     length_penalty: float = 1.0,
+    dtype: torch.dtype | str | None = None,
 ) -> GenerationResult:
     """Continue `prompt`; return the continuation's text and ids (see GenerationResult).
 
@@ -608,7 +722,9 @@ def generate(
     off before it), or after max_new_tokens. An empty prompt starts from BOS; a prompt longer than
     the context is cropped to its last block_size tokens with a warning. num_samples > 1 draws
     that many continuations in one batch. beams > 1 runs beam search and returns its
-    num_samples best sequences (sampling options do not apply there).
+    num_samples best sequences (sampling options do not apply there). dtype (e.g. "bfloat16")
+    decodes with a copy of the weights cast to it: half the bytes to read per token in bfloat16,
+    at bfloat16's precision (see `decoding_model`).
     """
     sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
                     repetition_penalty=repetition_penalty, greedy=greedy)
@@ -620,7 +736,7 @@ def generate(
         eos_id = getattr(tokenizer, "eos_id", None)
         best = beam_search(
             model, torch.tensor(start_ids), beams, max_new_tokens, length_penalty, n_best=num_samples,
-            eos_id=eos_id, use_cache=use_cache,
+            eos_id=eos_id, use_cache=use_cache, dtype=dtype,
         )
         rows = []
         for ids, _ in best:
@@ -631,7 +747,8 @@ def generate(
             rows.append(row)
         logprobs = [lp for _, lp in best]
     else:
-        for rows in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens, sampling):
+        for rows in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens, sampling,
+                              dtype):
             pass
     texts = [row.text for row in rows]
     all_ids = [row.ids for row in rows]
@@ -657,6 +774,7 @@ def stream(
     seed: int | None = None,
     stop: Sequence[str] | None = None,
     use_cache: bool = True,
+    dtype: torch.dtype | str | None = None,
 ) -> Iterator[str]:
     """Like `generate` for one sample, but yield the text in pieces as soon as they are printable.
 
@@ -671,7 +789,7 @@ def stream(
     _check_generate_options(1, 1, max_new_tokens, sampling)
     _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
     stops = [s for s in (stop or []) if s]
-    rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling)
+    rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)
     return _printable_pieces(rows, IncrementalText(stops))
 
 

@@ -74,8 +74,9 @@ class KVCache:
 
     def __init__(self, config: GPTConfig, batch_size: int, device=None, dtype=torch.float32):
         shape = (config.n_layer, batch_size, config.n_head, config.block_size, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
+        # empty, not zeros: a position is always written before it is read (update slices to `end`)
+        self.k = torch.empty(shape, device=device, dtype=dtype)
+        self.v = torch.empty(shape, device=device, dtype=dtype)
         self.length = 0  # positions already stored (equal for all layers between forwards)
         self.block_size = config.block_size
 

@@ -1,0 +1,148 @@
+"""The decoding copy (scratchlm.generate.decoding_model) and bfloat16 decoding.
+
+The copy must compute what the model computes: in float32 to rounding, in bfloat16 what the
+model computes with its Linear weights (and their inputs) rounded to bfloat16. References are
+built here independently: the model's own forward on weights rounded by hand.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scratchlm.config import GPTConfig
+from scratchlm.errors import ConfigError
+from scratchlm.generate import DecodingLinear, decoding_model, generate, generate_ids, iter_tokens
+from scratchlm.model import GPT
+
+TINY = dict(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
+VARIANTS = [
+    dict(pos_embedding="learned", tie_weights=True, qkv_bias=True, lm_head_bias=False),
+    dict(pos_embedding="rope", norm="rmsnorm", activation="swiglu", mlp_bias=False, proj_bias=False),
+    dict(pos_embedding="sinusoidal", norm_position="post", activation="gelu_tanh"),
+]
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _model(seed: int = 0, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **overrides})).eval()
+    with torch.no_grad():  # unit-scale embeddings, so the next token depends on the context
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+    return model
+
+
+def _logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return model.lm_head(model.forward_hidden(idx)).float()
+
+
+def _bf16_reference(model: GPT) -> GPT:
+    """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and
+    each Linear's input and output rounded too, as a bfloat16 matmul sees and returns them."""
+    ref = GPT(model.config).eval()
+    ref.load_state_dict(model.state_dict())
+    if model.config.tie_weights:  # the copy's lm_head is rounded, the embedding table is not
+        ref.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    for module in ref.modules():
+        if isinstance(module, torch.nn.Linear):
+            with torch.no_grad():
+                module.weight.copy_(module.weight.bfloat16().float())
+                if module.bias is not None:
+                    module.bias.copy_(module.bias.bfloat16().float())
+            module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
+            module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
+    return ref
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("layout", ["packed", "in_out"])
+def test_float32_copy_computes_the_models_logits(variant, layout):
+    model = _model(**variant)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fast = decoding_model(model, layout=layout)
+    assert all(isinstance(m, DecodingLinear) for m in (fast.lm_head, fast.transformer.h[0].attn.c_attn))
+    idx = torch.randint(0, TINY["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(1))
+    torch.testing.assert_close(_logits(fast, idx), _logits(model, idx), atol=1e-5, rtol=1e-5)
+    # the original is untouched and shares nothing with the copy
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
+    own = {p.data_ptr() for p in model.parameters()}
+    assert not own & {t.data_ptr() for t in list(fast.parameters()) + [fast.lm_head.bias] if t is not None}
+    assert isinstance(model.lm_head, torch.nn.Linear)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bfloat16_copy_matches_weights_rounded_by_hand(variant):
+    model = _model(**variant)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 13), generator=torch.Generator().manual_seed(2))
+    got = _logits(decoding_model(model, "bfloat16"), idx)
+    want = _logits(_bf16_reference(model), idx)
+    full = _logits(model, idx)
+    # The copy is bfloat16 for real (far from the float32 logits) and does what the by-hand
+    # rounding does (here exactly; other CPUs may sum in another order).
+    off_full = (got - full).abs().max()
+    off_ref = (got - want).abs().max()
+    assert off_full > 1e-3 * full.abs().max()
+    assert off_ref <= 0.25 * off_full
+    assert got.dtype == torch.float32
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_bfloat16_cached_steps_match_the_uncached_loop(variant):
+    model = _model(seed=3, **variant)
+    idx = torch.randint(0, TINY["vocab_size"], (2, 4), generator=torch.Generator().manual_seed(3))
+    cached = list(iter_tokens(model, idx, max_new_tokens=30, greedy=True, dtype="bfloat16"))
+    plain = list(iter_tokens(model, idx, max_new_tokens=30, greedy=True, dtype="bfloat16", use_cache=False))
+    for (_, a), (_, b) in zip(cached, plain):  # logits of the same prefixes: the first steps agree
+        scale = b.abs().max()
+        assert ((a - b).abs().max() / scale) < 2e-2
+        break
+    ids = torch.stack([t for t, _ in cached], 1)
+    # every chosen id is the argmax of its logits (greedy), and the cache crossed the context
+    assert all(torch.equal(t, logits.argmax(-1)) for t, logits in cached)
+    assert idx.shape[1] + ids.shape[1] > TINY["block_size"]
+
+
+def test_decoding_copy_is_rebuilt_when_the_weights_change():
+    model = _model(seed=4)
+    idx = torch.tensor([[1, 2, 3]])
+    first = generate_ids(model, idx, max_new_tokens=12, greedy=True)
+    with torch.no_grad():  # make token 7 win every step
+        model.lm_head.bias.zero_()
+        model.lm_head.bias[7] = 1e4
+    again = generate_ids(model, idx, max_new_tokens=12, greedy=True)
+    assert not torch.equal(first, again)
+    assert again[0, 3:].tolist() == [7] * 12
+    bf16 = generate_ids(model, idx, max_new_tokens=12, greedy=True, dtype=torch.bfloat16)
+    assert bf16[0, 3:].tolist() == [7] * 12
+
+
+def test_dtype_option_is_checked():
+    model = _model()
+    for bad in ("int8", "nonsense", torch.int64):
+        with pytest.raises(ConfigError):
+            generate_ids(model, torch.tensor([[1]]), max_new_tokens=9, greedy=True, dtype=bad)
+
+
+def test_generate_text_in_bfloat16_and_on_the_command_line(tmp_path, capsys):
+    checkpoint = pytest.importorskip("scratchlm.checkpoint")
+    from scratchlm.cli import main
+    from scratchlm.tokenizer import CharTokenizer
+
+    tok = CharTokenizer("abcdefgh \n")
+    model = _model(seed=5, vocab_size=tok.vocab_size)
+    path = checkpoint.save_model_checkpoint(model, tok, tmp_path / "ckpt")
+    want = generate(model, tok, "abc", max_new_tokens=20, greedy=True, dtype="bfloat16")
+    assert want.finish_reasons[0] in ("length", "eos")
+    code = main(["generate", "--checkpoint", str(path), "--prompt", "abc", "--greedy", "--max-new-tokens", "20",
+                 "--dtype", "bfloat16"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out == "abc" + want.text + "\n"
