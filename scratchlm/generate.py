@@ -286,7 +286,7 @@ def _as_dtype(dtype: torch.dtype | str | None, model: GPT) -> torch.dtype:
 
 
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""model -> (dtype, weights signature, its decoding copy): the last copy built for each model."""
+"""model -> {dtype: (weights signature, decoding copy)}: the last copy built per model and dtype."""
 
 
 def _weights_signature(model: GPT) -> tuple:
@@ -304,12 +304,12 @@ def _decoder_for(model: GPT, steps: int, dtype: torch.dtype | str | None) -> GPT
     if getattr(model, "is_decoding_copy", False) or (dtype == own_dtype and (steps < 8 or device.type != "cpu")):
         return model
     signature = _weights_signature(model)
-    cached = _DECODERS.get(model)
-    if cached is not None and cached[0] == dtype and cached[1] == signature:
-        return cached[2]
-    _DECODERS.pop(model, None)  # free the stale copy before building the next
+    copies = _DECODERS.setdefault(model, {})
+    if dtype in copies and copies[dtype][0] == signature:
+        return copies[dtype][1]
+    copies.pop(dtype, None)  # free the stale copy before building the next
     fast = decoding_model(model, dtype)
-    _DECODERS[model] = (dtype, signature, fast)
+    copies[dtype] = (signature, fast)
     return fast
 
 

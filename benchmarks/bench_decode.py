@@ -1,0 +1,225 @@
+"""Batch-1 decoding speed beside Hugging Face, and beside what this machine's memory allows.
+
+A batch-1 decoding step reads every weight once (every Linear, lm_head included) to produce one
+token, so its speed limit is memory bandwidth / bytes of weights per token. This benchmark
+measures the bandwidth itself (the best of several passes summing a 256 MB float32 array, with
+the thread count used for decoding), counts the bytes per token of each precision, and prints
+the achieved rate beside that limit. The KV cache (a few MB here) is not counted: it is state,
+not weights, so the limit is slightly optimistic and the fraction slightly pessimistic.
+
+Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random weights:
+
+    ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy)
+    ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations
+    ours fp32 no-cache  the plain loop of S20 (use_cache=False); one repeat at gpt2-124m (slow)
+    hf fp32             transformers GPT2LMHeadModel.generate(use_cache=True)
+    hf bf16             the same model cast to bfloat16 (not with --quick)
+
+Runs are interleaved (a busy machine slows all alike); each decoder runs once to warm up (its
+time, "first s", includes building our decoding copy), then `repeats` times.
+
+    python benchmarks/bench_decode.py                          # smoke and gpt2-124m, 3 repeats
+    python benchmarks/bench_decode.py --shapes gpt2-124m --threads 1
+
+Never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
+
+from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
+from scratchlm.generate import generate_ids  # noqa: E402
+from scratchlm.model import GPT  # noqa: E402
+
+TARGET_SHAPE = "gpt2-124m"
+TARGET_VS_HF = 2.0
+TARGET_OF_LIMIT = 0.7
+
+
+def memory_bandwidth(megabytes: int = 256, passes: int = 5) -> dict[str, float]:
+    """GB/s read by torch.sum over a float32 array far larger than the caches, with the current
+    thread count; the best pass counts (noise only ever slows a pass down)."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    x.sum()  # touch every page before timing
+    best = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        x.sum()
+        best = max(best, x.numel() * 4 / (time.perf_counter() - start))
+    y = torch.empty_like(x)
+    y.copy_(x)
+    best_copy = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        y.copy_(x)
+        best_copy = max(best_copy, 2 * x.numel() * 4 / (time.perf_counter() - start))  # read + write
+    return {"read_gb_s": best / 1e9, "copy_gb_s": best_copy / 1e9, "array_mb": megabytes}
+
+
+def weight_bytes_per_token(model: GPT, weight_dtype: torch.dtype) -> int:
+    """Bytes of parameters one batch-1 step reads: every Linear's weight and bias in `weight_dtype`
+    (lm_head in full, also when tied to the embedding), one row of each embedding table, and the
+    norms' parameters in the model's own dtype."""
+    size = torch.empty(0, dtype=weight_dtype).element_size()
+    total = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            total += module.weight.numel() * size + (module.bias.numel() * size if module.bias is not None else 0)
+        elif isinstance(module, nn.Embedding):
+            total += module.embedding_dim * module.weight.element_size()
+        elif isinstance(module, (nn.LayerNorm, nn.RMSNorm)):
+            total += sum(p.numel() * p.element_size() for p in module.parameters(recurse=False))
+    return total
+
+
+def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, Any]:
+    mask = torch.ones_like(prompt)
+    hf.generation_config.eos_token_id = None  # never stop early: always NEW_TOKENS tokens
+    hf.generation_config.pad_token_id = 0
+    hf_bf16 = None
+    if not quick:
+        import copy
+
+        hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
+
+    def ours(dtype=None, use_cache=True):
+        return lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, greedy=True, use_cache=use_cache,
+                                    dtype=dtype)
+
+    def theirs(m):
+        def call():
+            with torch.inference_mode():
+                return m.generate(prompt, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                                  do_sample=False, use_cache=True, num_beams=1)
+        return call
+
+    runs = {"ours fp32": ours(), "ours bf16": ours(torch.bfloat16), "ours fp32 no-cache": ours(use_cache=False),
+            "hf fp32": theirs(hf)}
+    if hf_bf16 is not None:
+        runs["hf bf16"] = theirs(hf_bf16)
+    return runs
+
+
+def bench_shape(shape: str, repeats: int, quick: bool = False) -> dict[str, Any]:
+    model, hf, prompt = build(shape, "cpu")
+    runs = _decoders(model, hf, prompt, quick)
+    big = model.num_params() > 50e6
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    first: dict[str, float] = {}
+    outputs = {}
+    for name, fn in runs.items():  # warm-up (and our decoding copies are built here)
+        start = time.perf_counter()
+        outputs[name] = fn()
+        first[name] = time.perf_counter() - start
+    for r in range(repeats):
+        for name, fn in runs.items():
+            if name.endswith("no-cache") and big and r > 0:
+                continue  # about 10x slower than the rest: one timed run is plenty
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    bandwidth = memory_bandwidth()
+    decoders = {}
+    for name, t in times.items():
+        decoders[name] = {"min_s": min(t), "median_s": statistics.median(t), "runs": len(t), "first_s": first[name],
+                          "best_tok_s": NEW_TOKENS / min(t), "median_tok_s": NEW_TOKENS / statistics.median(t)}
+    limits = {}
+    for label, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        per_token = weight_bytes_per_token(model, dtype)
+        limit = bandwidth["read_gb_s"] * 1e9 / per_token
+        achieved = decoders[f"ours {label}"]["median_tok_s"]
+        limits[label] = {"bytes_per_token": per_token, "limit_tok_s": limit, "ours_median_tok_s": achieved,
+                         "fraction": achieved / limit}
+    reference = outputs["hf fp32"]
+    return {
+        "shape": shape, "params": model.num_params(), "prompt": PROMPT_LEN, "new_tokens": NEW_TOKENS,
+        "decoders": decoders, "bandwidth": bandwidth, "limits": limits,
+        "same_ids_as_hf_fp32": {n: bool(torch.equal(o, reference)) for n, o in outputs.items()},
+        "ratios": {
+            "ours bf16 / hf fp32": decoders["ours bf16"]["median_tok_s"] / decoders["hf fp32"]["median_tok_s"],
+            "ours fp32 / hf fp32": decoders["ours fp32"]["median_tok_s"] / decoders["hf fp32"]["median_tok_s"],
+            "ours fp32 / ours fp32 no-cache":
+                decoders["ours fp32"]["median_tok_s"] / decoders["ours fp32 no-cache"]["median_tok_s"],
+            **({"ours bf16 / hf bf16": decoders["ours bf16"]["median_tok_s"] / decoders["hf bf16"]["median_tok_s"]}
+               if "hf bf16" in decoders else {}),
+        },
+    }
+
+
+def run(shapes: tuple[str, ...] = ("smoke", TARGET_SHAPE), repeats: int = 3, quick: bool = False,
+        threads: int | None = None) -> dict[str, Any]:
+    """All figures as a dict; prints nothing. `threads` sets torch's CPU threads for the run."""
+    import transformers
+
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        result: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
+                                  "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
+                                  "load_before": os.getloadavg()}
+        result["shapes"] = {shape: bench_shape(shape, repeats, quick) for shape in shapes}
+        result["load_after"] = os.getloadavg()
+    finally:
+        torch.set_num_threads(before)
+    targets = []
+    if TARGET_SHAPE in result["shapes"]:
+        s = result["shapes"][TARGET_SHAPE]
+        ratio = s["ratios"]["ours bf16 / hf fp32"]
+        targets.append({"target": f"decode {TARGET_SHAPE} ours bf16 / hf fp32 ({result['threads']} thr)",
+                        "ratio": ratio, "goal": TARGET_VS_HF, "met": ratio >= TARGET_VS_HF})
+        frac = s["limits"]["bf16"]["fraction"]
+        targets.append({"target": f"decode {TARGET_SHAPE} bf16 share of bandwidth limit ({result['threads']} thr)",
+                        "ratio": frac, "goal": TARGET_OF_LIMIT, "met": frac >= TARGET_OF_LIMIT})
+    result["targets"] = targets
+    return result
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"torch {r['torch']}, transformers {r['transformers']}, {r['threads']} threads of {r['cpus']} CPUs, "
+          f"load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f}")
+    for shape, s in r["shapes"].items():
+        print(f"\n{shape}: {s['params'] / 1e6:.1f}M parameters, batch 1, prompt {s['prompt']}, "
+              f"{s['new_tokens']} new tokens, greedy")
+        print(f"  {'decoder':<20}{'best tok/s':>11}{'median tok/s':>14}{'runs':>6}{'first s':>9}")
+        for name, d in s["decoders"].items():
+            print(f"  {name:<20}{d['best_tok_s']:>11.1f}{d['median_tok_s']:>14.1f}{d['runs']:>6}{d['first_s']:>9.2f}")
+        bw = s["bandwidth"]
+        print(f"  memory bandwidth (measured now): read {bw['read_gb_s']:.1f} GB/s, copy {bw['copy_gb_s']:.1f} GB/s")
+        for label, lim in s["limits"].items():
+            print(f"  {label} weights: {lim['bytes_per_token'] / 1e6:.1f} MB per token -> limit "
+                  f"{lim['limit_tok_s']:.1f} tok/s; ours {lim['ours_median_tok_s']:.1f} tok/s = "
+                  f"{100 * lim['fraction']:.0f}% of it")
+        for name, ratio in s["ratios"].items():
+            print(f"  {name}: {ratio:.2f}x (median)")
+        print("  same ids as hf fp32: " + ", ".join(f"{n}={v}" for n, v in s["same_ids_as_hf_fp32"].items()))
+    if r["targets"]:
+        print("\ntargets")
+        for t in r["targets"]:
+            print(f"  {t['target']:<58} {t['ratio']:6.2f}  (goal >= {t['goal']})  {'met' if t['met'] else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shapes", nargs="+", default=["smoke", TARGET_SHAPE], help="model presets to time")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder (default: 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--quick", action="store_true", help="skip the hf bf16 decoder")
+    args = parser.parse_args()
+    print_report(run(tuple(args.shapes), args.repeats, args.quick, args.threads))
+
+
+if __name__ == "__main__":
+    main()
