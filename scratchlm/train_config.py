@@ -7,6 +7,7 @@ fields to build its flags, and `scratchlm prepare` or `--help` should not wait f
 
 from __future__ import annotations
 
+import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
@@ -124,6 +125,7 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
+        self._check_types()
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "pad_vocab_multiple", "max_bad_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -147,6 +149,26 @@ class TrainConfig:
             raise ConfigError("progress", "choose one of auto, bar, lines, quiet")
         if "vocab_size" in self.model_overrides:
             raise ConfigError("vocab_size", "the model's vocab_size comes from the tokenizer; set pad_vocab_multiple instead")
+
+    def _check_types(self) -> None:
+        """Each field holds its annotated type (a config read from JSON can hold anything), so the
+        range checks below compare numbers with numbers."""
+        for f in fields(self):
+            value, annotation = getattr(self, f.name), str(f.type)
+            if value is None and "None" in annotation:
+                continue
+            kind = next(k for k in ("dict", "bool", "int", "float", "str") if k in annotation)  # dict[str, ...] first
+            ok = {
+                "bool": isinstance(value, bool),
+                "int": isinstance(value, int) and not isinstance(value, bool),
+                "float": isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value),
+                "str": isinstance(value, str),
+                "dict": isinstance(value, dict),
+            }[kind]
+            if not ok:
+                what = {"bool": "true or false", "int": "a whole number", "float": "a finite number", "str": "a string",
+                        "dict": "a mapping"}[kind]
+                raise ConfigError(f.name, f"must be {what}{' or none' if 'None' in annotation else ''}, got {value!r}")
 
     def model_config(self, vocab_size: int) -> GPTConfig:
         return GPTConfig.from_name(self.model, **{**self.model_overrides, "vocab_size": vocab_size})

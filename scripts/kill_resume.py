@@ -142,6 +142,8 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
             time.sleep(rng.uniform(0, 2 * per_step * (steps - done) / (left + 1)))
             proc.proc.send_signal(signal.SIGKILL)
             code = proc.wait()
+            if code != -signal.SIGKILL:  # it ended by itself before the kill: finished early, or failed
+                raise RuntimeError(f"kill {len(cycles) + 1}: the run ended by itself with exit status {code}:\n{proc.err}")
             after = latest_checkpoint(run)
             step = None if after is None else int(after.name.split("-")[1])
             same = True
