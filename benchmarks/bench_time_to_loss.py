@@ -1,0 +1,108 @@
+"""Time to loss: training wall time to reach validation loss <= 1.88 on Tiny Shakespeare, characters.
+
+Each run trains a preset as a user would (`scratchlm train --preset shakespeare-char --data
+../shared/data/tinyshakespeare.txt`), in this process, into a temporary run directory: the
+preset's fixed number of steps, its schedule unchanged (stopping at the first evaluation under the
+goal would cut a cosine schedule short and use the noisier 50-batch evaluations). The figure is
+the training wall time the trainer reports (steps, evaluations, samples and checkpoints; the
+one-off data preparation and model build are not in it) and the final validation loss, computed
+over the whole validation split (the file's last 10%, as the reference implementation does).
+Median of `repeats` runs; the goal is met when the median time is <= 60 s and every run's final
+loss is <= 1.88.
+
+    python benchmarks/bench_time_to_loss.py                          # shakespeare-char, 3 runs
+    python benchmarks/bench_time_to_loss.py --presets shakespeare-char shakespeare-char-fast
+
+Takes minutes; never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_time_to_loss.py`
+
+DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "tinyshakespeare.txt"
+GOAL_LOSS = 1.88
+GOAL_SECONDS = 60.0
+
+
+def one_run(preset: str, data: Path, workdir: Path, **overrides: Any) -> dict[str, Any]:
+    from scratchlm.train import config_from_preset, train
+
+    cfg = config_from_preset(preset, data=str(data), out_dir=str(workdir / f"run-{time.time_ns()}"),
+                             data_cache=str(workdir / "cache"), progress="quiet", **overrides)
+    start = time.perf_counter()
+    result = train(cfg)
+    return {"train_s": result.elapsed_s, "command_s": time.perf_counter() - start, "val_loss": result.val_loss,
+            "steps": result.step, "tokens_per_s": result.tokens_per_s}
+
+
+def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data: Path = DATA) -> dict[str, Any]:
+    """All figures as a dict; prints nothing. Skips (with a reason) when the data file is missing."""
+    import torch
+
+    result: dict[str, Any] = {"data": str(data), "goal_loss": GOAL_LOSS, "goal_s": GOAL_SECONDS,
+                              "threads": torch.get_num_threads(), "load_before": os.getloadavg()}
+    if not data.exists():
+        result["skipped"] = f"{data} is missing"
+        result["targets"] = []
+        return result
+    runs: dict[str, list[dict[str, Any]]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for preset in presets:  # the first run of each preset also prepares (caches) the data
+            one_run(preset, data, work, max_steps=1, eval_interval=0, sample_tokens=0)
+        for _ in range(repeats):
+            for preset in presets:  # interleaved, so load changes hit every preset alike
+                runs.setdefault(preset, []).append(one_run(preset, data, work))
+    result["load_after"] = os.getloadavg()
+    summary, targets = {}, []
+    for preset, rs in runs.items():
+        times = [r["train_s"] for r in rs]
+        losses = [r["val_loss"] for r in rs]
+        summary[preset] = {"runs": rs, "min_s": min(times), "median_s": statistics.median(times),
+                           "val_loss_max": max(losses), "val_loss_median": statistics.median(losses),
+                           "steps": rs[0]["steps"], "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs)}
+        met = summary[preset]["median_s"] <= GOAL_SECONDS and max(losses) <= GOAL_LOSS
+        targets.append({"target": f"time to val loss {GOAL_LOSS} ({preset}), s", "ratio": summary[preset]["median_s"],
+                        "goal": GOAL_SECONDS, "met": met, "lower_is_better": True})
+    result["presets"] = summary
+    result["targets"] = targets
+    return result
+
+
+def print_report(r: dict[str, Any]) -> None:
+    print(f"time to loss on {r['data']}, {r['threads']} threads, load average before {r['load_before'][0]:.1f}"
+          + (f", after {r['load_after'][0]:.1f}" if "load_after" in r else ""))
+    if "skipped" in r:
+        print(f"  skipped: {r['skipped']}")
+        return
+    print(f"  {'preset':<24}{'steps':>6}{'min s':>8}{'median s':>10}{'median tok/s':>14}{'final val loss':>16}")
+    for preset, s in r["presets"].items():
+        loss = ", ".join(f"{x['val_loss']:.3f}" for x in s["runs"])
+        print(f"  {preset:<24}{s['steps']:>6}{s['min_s']:>8.1f}{s['median_s']:>10.1f}"
+              f"{s['median_tokens_per_s']:>14,.0f}   {loss}")
+    for t in r["targets"]:
+        print(f"  {t['target']}: median {t['ratio']:.1f} s (goal <= {t['goal']:.0f} s, every final loss <= "
+              f"{r['goal_loss']})  {'met' if t['met'] else 'NOT met'}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--presets", nargs="+", default=["shakespeare-char"], help="training presets to time")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per preset (default: 3)")
+    parser.add_argument("--data", type=Path, default=DATA, help=f"the text file (default: {DATA})")
+    args = parser.parse_args()
+    print_report(run(tuple(args.presets), args.repeats, args.data))
+
+
+if __name__ == "__main__":
+    main()

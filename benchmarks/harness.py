@@ -1,0 +1,310 @@
+"""`python -m benchmarks`: run every benchmark, save the figures, and regenerate the README's numbers.
+
+    python -m benchmarks                    # prepare, decoding, training (about 10-15 minutes)
+    python -m benchmarks --time-to-loss     # ... and time to loss (3 trainings of about a minute)
+    python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
+    python -m benchmarks --only decode      # some benchmarks; merged into today's file
+    python -m benchmarks --readme-only      # just regenerate the README section from the newest file
+
+Figures go to benchmarks/results/<date>-<host>.json with a markdown table beside it (<...>.md);
+a later run on the same day and host replaces the benchmarks it ran and keeps the others. The
+README's section between the `numbers:start` / `numbers:end` markers is regenerated from the
+newest full (not --quick) results file. Every benchmark times its own peers in the same run and
+repeats, reporting the best and the median; the machine (CPU, cores, threads, torch, load
+average) is recorded with each benchmark, since these machines are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+README = ROOT / "README.md"
+START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
+BENCHMARKS = ("prepare", "decode", "train", "time_to_loss")
+
+
+# --------------------------------------------------------------------------------------------
+# The machine
+# --------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine() -> dict[str, Any]:
+    """What the figures depend on, recorded at the start of the run."""
+    import torch
+
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit = ""
+    try:
+        import transformers
+
+        hf = transformers.__version__
+    except ImportError:
+        hf = None
+    return {
+        "host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "torch": torch.__version__, "transformers": hf, "threads": torch.get_num_threads(),
+        "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average": list(os.getloadavg()), "commit": commit,
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Running
+# --------------------------------------------------------------------------------------------
+
+
+def _bench_prepare(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_prepare
+
+    return bench_prepare.run(repeats=1 if quick else repeats)
+
+
+def _bench_decode(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_decode
+
+    if quick:
+        return bench_decode.run(shapes=("smoke",), repeats=1, quick=True)
+    return bench_decode.run(repeats=repeats)
+
+
+def _bench_train(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_train
+
+    return bench_train.run(repeats=2 if quick else max(repeats, 3), quick=quick)
+
+
+def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_time_to_loss
+
+    return bench_time_to_loss.run(repeats=1 if quick else repeats)
+
+
+RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
+    "prepare": _bench_prepare, "decode": _bench_decode, "train": _bench_train, "time_to_loss": _bench_time_to_loss,
+}
+
+
+def run_benchmarks(names: list[str], quick: bool, repeats: int) -> dict[str, Any]:
+    """{name: figures} for each benchmark; a failing one records its error and the rest still run."""
+    import torch
+
+    out: dict[str, Any] = {}
+    for name in names:
+        print(f"== {name} (load average {os.getloadavg()[0]:.1f}) ==", flush=True)
+        start = time.perf_counter()
+        threads = torch.get_num_threads()
+        entry: dict[str, Any] = {"started": dt.datetime.now().isoformat(timespec="seconds"),
+                                 "load_average_start": list(os.getloadavg()), "threads": threads}
+        try:
+            entry["result"] = RUNNERS[name](quick, repeats)
+        except Exception as exc:  # one broken benchmark must not lose the others' figures
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            traceback.print_exc()
+        finally:
+            torch.set_num_threads(threads)
+        entry["seconds"] = time.perf_counter() - start
+        entry["load_average_end"] = list(os.getloadavg())
+        out[name] = entry
+        for row in rows_for(name, entry):
+            print("  " + " | ".join(str(c) for c in row))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Tables
+# --------------------------------------------------------------------------------------------
+
+
+def _num(x: Any, digits: int = 1) -> str:
+    if x is None or x == "":
+        return ""
+    if isinstance(x, (int, float)):
+        return f"{x:,.{digits}f}"
+    return str(x)
+
+
+def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """Table rows (benchmark, what, best, median, unit) for one benchmark's figures."""
+    if "error" in entry:
+        return [(name, f"failed: {entry['error']}", "", "", "")]
+    r = entry.get("result", {})
+    rows: list[tuple[str, str, str, str, str]] = []
+    if name == "prepare":
+        rows.append(("prepare", f"`{r['command']}`, end to end", _num(r["min_s"], 2), _num(r["median_s"], 2), "s"))
+        rows.append(("prepare", "text throughput, end to end", "", _num(r["median_mb_per_s"], 2), "MB/s"))
+    elif name == "decode":
+        for shape, s in r.get("shapes", {}).items():
+            where = f"decode {shape}, {r.get('threads', '?')} thr"
+            for dec, d in s["decoders"].items():
+                rows.append((where, dec, _num(d["best_tok_s"]), _num(d["median_tok_s"]), "tok/s"))
+            bw = s["bandwidth"]
+            for label, lim in s["limits"].items():
+                rows.append((where, f"{label} limit: {bw['read_gb_s']:.1f} GB/s read / "
+                                    f"{lim['bytes_per_token'] / 1e6:.0f} MB per token "
+                                    f"(ours at {100 * lim['fraction']:.0f}%)", "", _num(lim["limit_tok_s"]), "tok/s"))
+    elif name == "train":
+        shape = r.get("shape", {})
+        where = f"train step B {shape.get('B', '?')} T {shape.get('T', '?')} V {shape.get('V', '?')}"
+        for mode, s in r.get("speed", {}).items():
+            rows.append((where, mode, _num(s["best_tok_s"], 0), _num(s["median_tok_s"], 0), "tok/s"))
+        for mode, m in r.get("memory", {}).items():
+            rows.append(("train peak memory", mode, "", _num(m["growth_mb"], 0), "MB"))
+        for mode, m in r.get("mfu", {}).items():
+            rows.append(("train MFU", f"{mode} (of {m['peak_gflops']:.0f} GFLOP/s measured peak)",
+                         _num(100 * m["mfu"]), _num(100 * m.get("mfu_median", m["mfu"])), "%"))
+    elif name == "time_to_loss":
+        if "skipped" in r:
+            rows.append(("time to loss", f"skipped: {r['skipped']}", "", "", ""))
+        for preset, s in r.get("presets", {}).items():
+            losses = ", ".join(f"{x['val_loss']:.3f}" for x in s["runs"])
+            rows.append(("time to loss", f"`{preset}`: {s['steps']} steps, final val loss {losses}",
+                         _num(s["min_s"]), _num(s["median_s"]), "s"))
+    return rows
+
+
+def _target_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
+    rows = []
+    for name, entry in results.get("benchmarks", {}).items():
+        for t in entry.get("result", {}).get("targets", []):
+            lower = t.get("lower_is_better") or "memory" in t["target"]
+            rows.append((t["target"], _num(t["ratio"], 2), f"{'<=' if lower else '>='} {t['goal']}",
+                         "met" if t["met"] else "**not met**"))
+    return rows
+
+
+def markdown(results: dict[str, Any]) -> str:
+    """The results as markdown: the machine, one table of figures, one table of targets."""
+    m = results["machine"]
+    load = ", ".join(f"{x:.1f}" for x in m["load_average"])
+    lines = [
+        f"Measured {results['date']} on `{m['host']}`: {m['cpu']}, {m['cores']} cores, torch {m['torch']}"
+        + (f", transformers {m['transformers']}" if m.get("transformers") else "")
+        + f", {m['threads']} torch threads, default dtype {m['default_dtype']}"
+        + (f", GPU {m['cuda']}" if m.get("cuda") else "")
+        + f"; load average {load} at the start (commit {m.get('commit') or '?'}). "
+        + f"Command: `{results['command']}`.",
+        "",
+        "| benchmark | what | best | median | unit |",
+        "|---|---|---:|---:|---|",
+    ]
+    for name, entry in results["benchmarks"].items():
+        for row in rows_for(name, entry):
+            lines.append("| " + " | ".join(row) + " |")
+    loads = [f"{name} {entry['load_average_start'][0]:.1f}" for name, entry in results["benchmarks"].items()]
+    lines += ["", "Load average (1 min) when each benchmark started: " + ", ".join(loads) + ". "
+              "Best = fastest run; ratios below use medians.", ""]
+    targets = _target_rows(results)
+    if targets:
+        lines += ["| target | measured | goal | |", "|---|---:|---|---|"]
+        lines += ["| " + " | ".join(row) + " |" for row in targets]
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# Files and the README
+# --------------------------------------------------------------------------------------------
+
+
+def results_path(date: str, host: str, quick: bool, folder: Path = RESULTS) -> Path:
+    return folder / f"{date}-{host}{'-quick' if quick else ''}.json"
+
+
+def newest_results(folder: Path = RESULTS, include_quick: bool = False) -> Path | None:
+    """The most recently written results file (full runs only, unless include_quick)."""
+    files = [p for p in folder.glob("*.json") if include_quick or not p.stem.endswith("-quick")]
+    return max(files, key=lambda p: (json.loads(p.read_text()).get("finished", ""), p.name), default=None)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def update_readme(section: str, readme: Path = README, source: str = "") -> None:
+    """Replace what lies between the markers with `section`; add a Numbers section if they are missing."""
+    text = readme.read_text(encoding="utf-8")
+    note = f"<!-- generated by `python -m benchmarks` from {source}; edits here are overwritten -->\n" if source else ""
+    block = f"{START}\n{note}{section.rstrip()}\n{END}"
+    if START in text and END in text and text.index(START) < text.index(END):
+        new = text[: text.index(START)] + block + text[text.index(END) + len(END):]
+    else:
+        heading = f"## Numbers\n\n{block}\n\n"
+        at = text.find("\n## Docs")
+        new = text.rstrip() + "\n\n" + heading if at < 0 else text[: at + 1] + heading + text[at + 1:]
+    if new != text:
+        _write_atomic(readme, new)
+
+
+def regenerate_readme(folder: Path = RESULTS, readme: Path = README) -> Path | None:
+    path = newest_results(folder) or newest_results(folder, include_quick=True)
+    if path is None:
+        return None
+    update_readme(markdown(json.loads(path.read_text())), readme, source=str(path.relative_to(ROOT))
+                  if path.is_relative_to(ROOT) else path.name)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (saved as <date>-<host>-quick)")
+    parser.add_argument("--time-to-loss", action="store_true", help="also time training to loss 1.88 (minutes)")
+    parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these benchmarks")
+    parser.add_argument("--repeats", type=int, default=3, help="timed repeats per benchmark (default: 3)")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--readme-only", action="store_true", help="only regenerate the README from the newest results")
+    parser.add_argument("--no-readme", action="store_true", help="leave the README alone")
+    args = parser.parse_args(argv)
+
+    if args.readme_only:
+        path = regenerate_readme()
+        print(f"README numbers from {path}" if path else f"no results in {RESULTS}")
+        return 0 if path else 1
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    names = list(args.only) if args.only else [n for n in BENCHMARKS if n != "time_to_loss" or args.time_to_loss]
+    date = dt.date.today().isoformat()
+    info = machine()
+    path = results_path(date, info["host"], args.quick)
+    results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
+    results.update(date=date, machine=info, command="python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv))
+    results["benchmarks"].update(run_benchmarks(names, args.quick, args.repeats))
+    results["benchmarks"] = {n: results["benchmarks"][n] for n in BENCHMARKS if n in results["benchmarks"]}
+    results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    _write_atomic(path, json.dumps(results, indent=1, default=str) + "\n")
+    _write_atomic(path.with_suffix(".md"), markdown(results))
+    print(f"\nwrote {path} and {path.with_suffix('.md').name}")
+    print(markdown(results))
+    if not args.no_readme:
+        print(f"README numbers from {regenerate_readme()}")
+    return 0

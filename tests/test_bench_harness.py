@@ -1,0 +1,126 @@
+"""The benchmark harness's bookkeeping on a made-up results dict: tables, files, README section.
+Nothing is timed here (benchmarks are never run as tests)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repo root holds `benchmarks`
+
+from benchmarks import harness  # noqa: E402
+
+
+def _fake_results(finished: str = "2026-01-02T10:00:00") -> dict:
+    decode = {
+        "threads": 2,
+        "shapes": {"gpt2-124m": {
+            "decoders": {"ours bf16": {"best_tok_s": 61.25, "median_tok_s": 55.5},
+                         "hf fp32": {"best_tok_s": 26.0, "median_tok_s": 25.0}},
+            "bandwidth": {"read_gb_s": 20.0, "copy_gb_s": 15.0},
+            "limits": {"bf16": {"bytes_per_token": 250e6, "limit_tok_s": 80.0, "fraction": 55.5 / 80.0}},
+        }},
+        "targets": [{"target": "decode ours bf16 / hf fp32", "ratio": 2.22, "goal": 2.0, "met": True},
+                    {"target": "decode bf16 share of bandwidth limit", "ratio": 0.69375, "goal": 0.7, "met": False}],
+    }
+    prepare = {"command": "scratchlm prepare --data shakespeare", "min_s": 1.5, "median_s": 1.75,
+               "median_mb_per_s": 2.74, "targets": [{"target": "prepare, s", "ratio": 1.75, "goal": 10.0, "met": True,
+                                                      "lower_is_better": True}]}
+    return {
+        "date": "2026-01-02", "finished": finished, "command": "python -m benchmarks --only decode prepare",
+        "machine": {"host": "box", "cpu": "Some CPU", "cores": 2, "torch": "9.9", "transformers": "1.0", "threads": 2,
+                    "default_dtype": "float32", "cuda": None, "load_average": [0.5, 0.25, 0.125], "commit": "abc1234"},
+        "benchmarks": {
+            "prepare": {"result": prepare, "load_average_start": [0.5, 0, 0]},
+            "decode": {"result": decode, "load_average_start": [1.5, 0, 0]},
+            "train": {"error": "ImportError: nope", "load_average_start": [2.0, 0, 0]},
+        },
+    }
+
+
+def test_markdown_table_holds_every_figure_and_target():
+    md = harness.markdown(_fake_results())
+    lines = md.splitlines()
+    assert "Some CPU, 2 cores, torch 9.9" in lines[0] and "load average 0.5, 0.2, 0.1" in lines[0]
+    assert "| decode gpt2-124m, 2 thr | ours bf16 | 61.2 | 55.5 | tok/s |" in lines
+    assert "| decode gpt2-124m, 2 thr | hf fp32 | 26.0 | 25.0 | tok/s |" in lines
+    assert "| prepare | `scratchlm prepare --data shakespeare`, end to end | 1.50 | 1.75 | s |" in lines
+    # the limit row: 20 GB/s / 250 MB = 80 tok/s, ours at 55.5 / 80 = 69%
+    assert any(line.startswith("| decode gpt2-124m, 2 thr | bf16 limit: 20.0 GB/s read / 250 MB per token (ours at 69%)")
+               and "| 80.0 | tok/s |" in line for line in lines)
+    assert "| train | failed: ImportError: nope |  |  |  |" in lines
+    assert "| decode ours bf16 / hf fp32 | 2.22 | >= 2.0 | met |" in lines
+    assert "| decode bf16 share of bandwidth limit | 0.69 | >= 0.7 | **not met** |" in lines
+    assert "| prepare, s | 1.75 | <= 10.0 | met |" in lines
+    assert "prepare 0.5, decode 1.5, train 2.0" in md
+
+
+def test_readme_section_is_replaced_between_markers_only(tmp_path: Path):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\nintro\n\n## Numbers\n\n{harness.START}\nold figures\n{harness.END}\n\n## Docs\n\nlinks\n")
+    harness.update_readme("| new | table |\n", readme, source="x.json")
+    text = readme.read_text()
+    assert "old figures" not in text
+    assert text.startswith("# title\n\nintro\n\n## Numbers\n\n" + harness.START)
+    assert text.endswith(harness.END + "\n\n## Docs\n\nlinks\n")
+    assert "| new | table |" in text and "x.json" in text
+    harness.update_readme("| new | table |\n", readme, source="x.json")  # idempotent
+    assert readme.read_text() == text
+
+
+def test_readme_without_markers_gets_a_numbers_section_before_docs(tmp_path: Path):
+    readme = tmp_path / "README.md"
+    readme.write_text("# title\n\ntext\n\n## Docs\n\nlinks\n")
+    harness.update_readme("figures\n", readme)
+    text = readme.read_text()
+    assert text.index("## Numbers") < text.index(harness.START) < text.index("figures") < text.index(harness.END) \
+        < text.index("## Docs")
+    assert text.endswith("## Docs\n\nlinks\n")
+
+
+def test_newest_full_results_file_feeds_the_readme(tmp_path: Path):
+    folder = tmp_path / "results"
+    folder.mkdir()
+    older, newer = _fake_results("2026-01-01T09:00:00"), _fake_results("2026-01-03T09:00:00")
+    newer["machine"]["host"] = "newer-box"
+    quick = _fake_results("2026-01-04T09:00:00")
+    quick["machine"]["host"] = "quick-box"
+    (folder / "2026-01-01-box.json").write_text(json.dumps(older))
+    (folder / "2026-01-03-newer-box.json").write_text(json.dumps(newer))
+    (folder / "2026-01-04-box-quick.json").write_text(json.dumps(quick))
+    assert harness.newest_results(folder).name == "2026-01-03-newer-box.json"
+    assert harness.newest_results(folder, include_quick=True).name == "2026-01-04-box-quick.json"
+    readme = tmp_path / "README.md"
+    readme.write_text("# t\n")
+    assert harness.regenerate_readme(folder, readme).name == "2026-01-03-newer-box.json"
+    assert "`newer-box`" in readme.read_text() and "quick-box" not in readme.read_text()
+    assert harness.results_path("2026-01-02", "h", quick=True, folder=folder).name == "2026-01-02-h-quick.json"
+
+
+def test_readme_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatch):
+    monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    assert harness.main(["--readme-only"]) == 1
+
+
+def test_rows_for_time_to_loss_and_train():
+    entry = {"result": {"presets": {"shakespeare-char": {
+        "runs": [{"val_loss": 1.8681}, {"val_loss": 1.8679}], "steps": 1100, "min_s": 47.04, "median_s": 49.96}}}}
+    assert harness.rows_for("time_to_loss", entry) == [
+        ("time to loss", "`shakespeare-char`: 1100 steps, final val loss 1.868, 1.868", "47.0", "50.0", "s")]
+    train = {"result": {"shape": {"B": 8, "T": 256, "V": 50304},
+                        "speed": {"ours fp32": {"best_tok_s": 12345.4, "median_tok_s": 12000.0}},
+                        "memory": {"hf": {"growth_mb": 812.4}},
+                        "mfu": {"ours bf16": {"mfu": 0.4567, "mfu_median": 0.44, "peak_gflops": 430.0}}}}
+    assert harness.rows_for("train", train) == [
+        ("train step B 8 T 256 V 50304", "ours fp32", "12,345", "12,000", "tok/s"),
+        ("train peak memory", "hf", "", "812", "MB"),
+        ("train MFU", "ours bf16 (of 430 GFLOP/s measured peak)", "45.7", "44.0", "%"),
+    ]
+
+
+@pytest.mark.parametrize("name", ["prepare", "decode", "train", "time_to_loss"])
+def test_every_benchmark_has_a_runner(name):
+    assert name in harness.RUNNERS
