@@ -144,14 +144,16 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
             code = proc.wait()
             if code != -signal.SIGKILL:  # it ended by itself before the kill: finished early, or failed
                 raise RuntimeError(f"kill {len(cycles) + 1}: the run ended by itself with exit status {code}:\n{proc.err}")
+            mid_save = any(run.glob(".tmp-*"))  # the kill landed inside a checkpoint write
             after = latest_checkpoint(run)
             step = None if after is None else int(after.name.split("-")[1])
             same = True
             if after is not None:
                 load_model(run)  # `latest` must always load whole
                 same = bit_identical(after, ref / after.name)
-            cycles.append({"kill": len(cycles) + 1, "from_step": done, "latest_step": step, "exit": code, "identical": same})
-            log(f"kill {len(cycles)}: resumed at step {done}, killed at step ~{step} (exit {code}); "
+            cycles.append({"kill": len(cycles) + 1, "from_step": done, "latest_step": step, "exit": code, "mid_save": mid_save,
+                           "identical": same})
+            log(f"kill {len(cycles)}: resumed at step {done}, killed at step ~{step}{' inside a save' if mid_save else ''}; "
                 f"latest checkpoint {'bit-identical' if same else 'DIFFERS'}")
 
         final = _Run(["train", "--resume", str(run), "--progress", "lines"], env)
@@ -161,11 +163,13 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
         final_same = last is not None and last.name == latest_checkpoint(ref).name and bit_identical(last, ref / last.name)
         result = {
             "kills": len(cycles), "steps": steps, "cycles_identical": sum(c["identical"] for c in cycles),
+            "kills_inside_a_save": sum(c["mid_save"] for c in cycles),
             "final_step": None if last is None else int(last.name.split("-")[1]),
             "final_identical": bool(final_same), "restarts_from_scratch": restarts_from_scratch,
             "seconds": round(time.perf_counter() - t0, 1), "cycles": cycles,
         }
-        log(f"{result['kills']} kills, {result['cycles_identical']} left a bit-identical latest checkpoint; "
+        log(f"{result['kills']} kills ({result['kills_inside_a_save']} inside a checkpoint write), "
+            f"{result['cycles_identical']} left a bit-identical latest checkpoint; "
             f"final step {result['final_step']}/{steps}: weights and optimizer state "
             f"{'bit-identical' if final_same else 'DIFFERENT'} to the uninterrupted run ({result['seconds']}s)")
         return result

@@ -47,7 +47,8 @@ def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
     data = base / "text.txt"
     if not data.exists():
         write_text(data)
-    threads = torch.get_num_threads()
+    threads, cache = torch.get_num_threads(), os.environ.get("SCRATCHLM_CACHE")
+    os.environ["SCRATCHLM_CACHE"] = str(base / "cache")  # the CPU peak probe's cache, not the user's home
     try:
         train(TrainConfig(**{
             **dict(data=str(data), tokenizer="char", batch_size=4, max_steps=4, lr=3e-3, warmup_steps=1,
@@ -57,6 +58,10 @@ def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
             **overrides}))
     finally:
         torch.set_num_threads(threads)
+        if cache is None:
+            os.environ.pop("SCRATCHLM_CACHE", None)
+        else:
+            os.environ["SCRATCHLM_CACHE"] = cache
     return out_dir
 
 

@@ -126,10 +126,7 @@ def tiny_tmpfs(tmp_path):
 
 def test_cli_training_on_a_disk_that_fills_up(tmp_path, tiny_tmpfs):
     """A real full disk (no patching): the run stops with one line saying so; `latest` still loads."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from test_bad_input import write_text
-
-    corpus = write_text(tmp_path / "t.txt")
+    corpus = _load_script().write_corpus(tmp_path / "t.txt")
     run = tiny_tmpfs / "run"
     argv = [sys.executable, "-m", "scratchlm", "train", "--preset", "shakespeare-char", "--data", str(corpus),
             "--tokenizer", "char", "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16",
