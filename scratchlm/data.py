@@ -553,8 +553,11 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | Non
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
     check_folder_path(out_dir, "--out")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
+    except OSError as exc:  # read-only, no permission, a full disk: say where, not the staging name
+        raise UserError(f"{out_dir.parent}: cannot write the prepared data here ({exc.strerror}); choose another --out") from None
     os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder may become out_dir itself
     try:
         _build(cfg, staging, progress)
