@@ -41,6 +41,8 @@ def one_run(preset: str, data: Path, workdir: Path, **overrides: Any) -> dict[st
                              data_cache=str(workdir / "cache"), progress="quiet", **overrides)
     start = time.perf_counter()
     result = train(cfg)
+    if result.stopped:
+        raise RuntimeError(f"the {preset} run was stopped at step {result.step}; no figure")
     return {"train_s": result.elapsed_s, "command_s": time.perf_counter() - start, "val_loss": result.val_loss,
             "steps": result.step, "tokens_per_s": result.tokens_per_s}
 
