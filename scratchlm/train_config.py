@@ -135,7 +135,7 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a whole number >= 0, got {value!r}")
-        if self.threads is not None and (not isinstance(self.threads, int) or isinstance(self.threads, bool) or self.threads <= 0):
+        if self.threads is not None and self.threads <= 0:  # a whole number or None: _check_types
             raise ConfigError("threads", f"must be a positive whole number (or none for torch's default), got {self.threads!r}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
