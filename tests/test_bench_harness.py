@@ -102,7 +102,9 @@ def test_newest_full_results_file_feeds_the_readme(tmp_path: Path):
 
 def test_readme_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatch):
     monkeypatch.setattr(harness, "RESULTS", tmp_path)
+    monkeypatch.setattr(harness, "README", tmp_path / "README.md")
     assert harness.main(["--readme-only"]) == 1
+    assert not (tmp_path / "README.md").exists()
 
 
 def test_rows_for_time_to_loss_and_train():
@@ -121,6 +123,6 @@ def test_rows_for_time_to_loss_and_train():
     ]
 
 
-@pytest.mark.parametrize("name", ["prepare", "decode", "train", "time_to_loss"])
+@pytest.mark.parametrize("name", ["prepare", "decode-1t", "decode", "train", "time_to_loss"])
 def test_every_benchmark_has_a_runner(name):
     assert name in harness.RUNNERS
