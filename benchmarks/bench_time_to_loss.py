@@ -47,12 +47,15 @@ def one_run(preset: str, data: Path, workdir: Path, **overrides: Any) -> dict[st
             "steps": result.step, "tokens_per_s": result.tokens_per_s}
 
 
-def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data: Path = DATA) -> dict[str, Any]:
-    """All figures as a dict; prints nothing. Skips (with a reason) when the data file is missing."""
+def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data: Path = DATA,
+        threads: int | None = None) -> dict[str, Any]:
+    """All figures as a dict; prints nothing. Skips (with a reason) when the data file is missing.
+    threads: the trainings' CPU threads (None: the presets' own setting, torch's default)."""
     import torch
 
+    threads = threads or torch.get_num_threads()
     result: dict[str, Any] = {"data": str(data), "goal_loss": GOAL_LOSS, "goal_s": GOAL_SECONDS,
-                              "threads": torch.get_num_threads(), "load_before": os.getloadavg()}
+                              "threads": threads, "load_before": os.getloadavg()}
     if not data.exists():
         result["skipped"] = f"{data} is missing"
         result["targets"] = []
@@ -61,10 +64,10 @@ def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for preset in presets:  # the first run of each preset also prepares (caches) the data
-            one_run(preset, data, work, max_steps=1, eval_interval=0, sample_tokens=0)
+            one_run(preset, data, work, max_steps=1, eval_interval=0, sample_tokens=0, threads=threads)
         for _ in range(repeats):
             for preset in presets:  # interleaved, so load changes hit every preset alike
-                runs.setdefault(preset, []).append(one_run(preset, data, work))
+                runs.setdefault(preset, []).append(one_run(preset, data, work, threads=threads))
     result["load_after"] = os.getloadavg()
     summary, targets = {}, []
     for preset, rs in runs.items():
@@ -102,8 +105,9 @@ def main() -> None:
     parser.add_argument("--presets", nargs="+", default=["shakespeare-char"], help="training presets to time")
     parser.add_argument("--repeats", type=int, default=3, help="runs per preset (default: 3)")
     parser.add_argument("--data", type=Path, default=DATA, help=f"the text file (default: {DATA})")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads of each training (default: torch's)")
     args = parser.parse_args()
-    print_report(run(tuple(args.presets), args.repeats, args.data))
+    print_report(run(tuple(args.presets), args.repeats, args.data, args.threads))
 
 
 if __name__ == "__main__":

@@ -107,10 +107,13 @@ def _bench_train(quick: bool, repeats: int) -> dict[str, Any]:
     return bench_train.run(repeats=2 if quick else max(repeats, 3), quick=quick)
 
 
+TIME_TO_LOSS_THREADS: int | None = None  # --ttl-threads
+
+
 def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_time_to_loss
 
-    return bench_time_to_loss.run(repeats=1 if quick else repeats)
+    return bench_time_to_loss.run(repeats=1 if quick else repeats, threads=TIME_TO_LOSS_THREADS)
 
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
@@ -118,8 +121,10 @@ RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
 }
 
 
-def run_benchmarks(names: list[str], quick: bool, repeats: int) -> dict[str, Any]:
-    """{name: figures} for each benchmark; a failing one records its error and the rest still run."""
+def run_benchmarks(names: list[str], quick: bool, repeats: int,
+                   after_each: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """{name: figures} for each benchmark; a failing one records its error and the rest still run.
+    after_each(figures so far) is called after every benchmark (to save them as they come)."""
     import torch
 
     out: dict[str, Any] = {}
@@ -141,6 +146,8 @@ def run_benchmarks(names: list[str], quick: bool, repeats: int) -> dict[str, Any
         out[name] = entry
         for row in rows_for(name, entry):
             print("  " + " | ".join(str(c) for c in row))
+        if after_each is not None:
+            after_each(out)
     return out
 
 
@@ -287,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", choices=BENCHMARKS, help="run only these benchmarks")
     parser.add_argument("--repeats", type=int, default=3, help="timed repeats per benchmark (default: 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--ttl-threads", type=int, default=None,
+                        help="threads for the time-to-loss trainings (default: --threads, else torch's choice)")
     parser.add_argument("--readme-only", action="store_true", help="only regenerate the README from the newest results")
     parser.add_argument("--no-readme", action="store_true", help="leave the README alone")
     args = parser.parse_args(argv)
@@ -299,18 +308,25 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    global TIME_TO_LOSS_THREADS
+    TIME_TO_LOSS_THREADS = args.ttl_threads or args.threads
     names = list(args.only) if args.only else [n for n in BENCHMARKS if n != "time_to_loss" or args.time_to_loss]
     date = dt.date.today().isoformat()
     info = machine()
     path = results_path(date, info["host"], args.quick)
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
     results.update(date=date, machine=info, command="python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv))
-    results["benchmarks"].update(run_benchmarks(names, args.quick, args.repeats))
-    results["benchmarks"] = {n: results["benchmarks"][n] for n in BENCHMARKS if n in results["benchmarks"]}
-    results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    _write_atomic(path, json.dumps(results, indent=1, default=str) + "\n")
-    _write_atomic(path.with_suffix(".md"), markdown(results))
+    earlier = dict(results["benchmarks"])
+
+    def save(done: dict[str, Any]) -> None:  # after every benchmark, so a cut-short run keeps its figures
+        merged = {**earlier, **done}
+        results["benchmarks"] = {n: merged[n] for n in BENCHMARKS if n in merged}
+        results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
+        RESULTS.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, json.dumps(results, indent=1, default=str) + "\n")
+        _write_atomic(path.with_suffix(".md"), markdown(results))
+
+    run_benchmarks(names, args.quick, args.repeats, after_each=save)
     print(f"\nwrote {path} and {path.with_suffix('.md').name}")
     print(markdown(results))
     if not args.no_readme:
