@@ -42,12 +42,17 @@ B, T = 8, 256  # the smoke shape's batch
 MFU_MODEL = dict(n_embd=512, n_layer=8, n_head=8, block_size=512, vocab_size=8192)
 MFU_BATCH = 8
 
-# Our modes: (dtype, fused_loss, compile). "fp32" is the trainer's default (fused loss on).
-OUR_MODES: dict[str, tuple[str, bool, bool]] = {
-    "ours fp32 plain-loss": ("float32", False, False),
-    "ours fp32": ("float32", True, False),
-    "ours bf16": ("bfloat16", True, False),
-    "ours bf16 compiled": ("bfloat16", True, True),
+# Our modes: (dtype, fused_loss, compile, threads). "fp32" is the trainer's default (fused loss
+# on). threads None: torch's default; 1 spares a busy machine OpenMP's spin-waiting: with other
+# processes on both cores, each parallel op waits for a descheduled partner thread (measured on
+# the shakespeare-char model under load 5: 2 threads 440-550 ms/step, 1 thread 70 ms/step,
+# 2 threads with OMP_WAIT_POLICY=passive 130 ms/step).
+OUR_MODES: dict[str, tuple[str, bool, bool, int | None]] = {
+    "ours fp32 plain-loss": ("float32", False, False, None),
+    "ours fp32": ("float32", True, False, None),
+    "ours bf16": ("bfloat16", True, False, None),
+    "ours bf16 1 thread": ("bfloat16", True, False, 1),
+    "ours bf16 compiled": ("bfloat16", True, True, None),
 }
 HF = "hf fp32"
 
@@ -101,7 +106,7 @@ def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Call
     """One call = one optimizer step of the trainer's own step function, in `mode`."""
     from scratchlm.train import TrainConfig, _Dist, _train_step, make_optimizer
 
-    dtype, fused, compiled = OUR_MODES[mode]
+    dtype, fused, compiled, threads = OUR_MODES[mode]
     model = our_model(**(overrides or {}))
     cfg = TrainConfig(model="smoke", batch_size=b, dtype=dtype, fused_loss=fused, compile=compiled, grad_clip=1.0)
     device = torch.device("cpu")
@@ -109,7 +114,15 @@ def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Call
     forward = torch.compile(model) if compiled else model
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     stream = _SameBatch(*batch(model.config.vocab_size, b, model.config.block_size))
-    return lambda: _train_step(forward, model, optimizer, scaler, stream, cfg, _Dist(), device), model
+    def step():
+        default = torch.get_num_threads()
+        torch.set_num_threads(threads or default)
+        try:
+            return _train_step(forward, model, optimizer, scaler, stream, cfg, _Dist(), device)
+        finally:
+            torch.set_num_threads(default)
+
+    return step, model
 
 
 def hf_step(b: int = B, **sizes: int) -> tuple[Callable[[], None], Any]:
@@ -211,12 +224,22 @@ def mfu(mode: str, repeats: int) -> dict[str, Any]:
 
     step, model = our_step(mode, MFU_MODEL, b=MFU_BATCH)
     dtype = torch.bfloat16 if OUR_MODES[mode][0] == "bfloat16" else torch.float32
-    peak = matmul_peak(dtype)
+    default = torch.get_num_threads()
+    threads = OUR_MODES[mode][3] or default
+
+    def probe() -> float:  # the peak with the step's own thread count
+        torch.set_num_threads(threads)
+        try:
+            return matmul_peak(dtype)
+        finally:
+            torch.set_num_threads(default)
+
+    peak = probe()
     times = time_interleaved({mode: step}, repeats, warmup=1)[mode]
-    peak = max(peak, matmul_peak(dtype))  # probe again after the steps: the best moment counts
+    peak = max(peak, probe())  # probe again after the steps: the best moment counts
     tokens = MFU_BATCH * model.config.block_size
     flops = flops_per_token(model.config, model.num_params(embeddings=False)) * tokens
-    return {"mode": mode, "peak_gflops": peak / 1e9, "step_min_s": min(times), "step_median_s": statistics.median(times),
+    return {"mode": mode, "threads": threads, "peak_gflops": peak / 1e9, "step_min_s": min(times), "step_median_s": statistics.median(times),
             "achieved_gflops": flops / min(times) / 1e9, "mfu": flops / min(times) / peak,
             "mfu_median": flops / statistics.median(times) / peak}
 
@@ -243,6 +266,7 @@ def run(repeats: int = 5, quick: bool = False, memory: bool = True, mfu_repeats:
     result: dict[str, Any] = {
         "torch": torch.__version__, "transformers": transformers.__version__, "threads": torch.get_num_threads(),
         "cpus": os.cpu_count(), "load_before": os.getloadavg(), "shape": {"B": B, "T": T, "V": 50304},
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     compile = (not quick and _compiles()) if compile is None else compile
     modes = [m for m in OUR_MODES if compile or not OUR_MODES[m][2]]
@@ -270,7 +294,8 @@ def run(repeats: int = 5, quick: bool = False, memory: bool = True, mfu_repeats:
         mem_modes = sorted({"ours fp32", "ours fp32 plain-loss", fastest, HF}, key=list(speed).index)
         result["memory"] = {m: peak_memory(m) for m in mem_modes}
 
-    result["mfu"] = {m: mfu(m, mfu_repeats or (1 if quick else 2)) for m in ("ours bf16", "ours fp32")}
+    mfu_modes = ("ours bf16", "ours fp32") if quick else ("ours bf16", "ours bf16 1 thread", "ours fp32")
+    result["mfu"] = {m: mfu(m, mfu_repeats or (1 if quick else 2)) for m in mfu_modes}
     result["load_after"] = os.getloadavg()
 
     def figure(name: str, what: str) -> float:
@@ -295,7 +320,8 @@ def run(repeats: int = 5, quick: bool = False, memory: bool = True, mfu_repeats:
 
 def print_report(r: dict[str, Any]) -> None:
     print(f"torch {r['torch']}, transformers {r['transformers']}, {r['threads']} threads of {r['cpus']} CPUs, "
-          f"load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f}")
+          f"load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f}, "
+          f"OMP_WAIT_POLICY={r['omp_wait_policy'] or 'unset'}")
     print(f"\ntraining step at smoke shape (B {B}, T {T}, V 50304); HF attention: {r['hf_attention']}")
     print(f"  {'mode':<22}{'best tok/s':>11}{'median tok/s':>14}{'min s':>8}{'median s':>10}{'first step s':>14}")
     for name, s in r["speed"].items():
@@ -309,7 +335,7 @@ def print_report(r: dict[str, Any]) -> None:
             print(f"  {name:<22}{m['growth_mb']:>9.0f} MB   (model built: {m['base_mb']:.0f} MB, {m['source']})")
     print(f"\nMFU at C 512, 8 layers, T 512, V 8192, B {MFU_BATCH}")
     for name, m in r["mfu"].items():
-        print(f"  {name:<22} {100 * m['mfu']:5.1f}% (median {100 * m['mfu_median']:.1f}%): "
+        print(f"  {name:<22} {100 * m['mfu']:5.1f}% (median {100 * m['mfu_median']:.1f}%, {m['threads']} threads): "
               f"{m['achieved_gflops']:.0f} of {m['peak_gflops']:.0f} GFLOP/s measured matmul peak, "
               f"step {m['step_min_s']:.2f} s")
     print("\ntargets (speed ratios on median tokens/s)")
