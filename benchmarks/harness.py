@@ -198,7 +198,7 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
             rows.append(("time to loss", f"skipped: {r['skipped']}", "", "", ""))
         for preset, s in r.get("presets", {}).items():
             losses = ", ".join(f"{x['val_loss']:.3f}" for x in s["runs"])
-            rows.append(("time to loss", f"`{preset}`: {s['steps']} steps, final val loss {losses}",
+            rows.append((f"time to loss, {r.get('threads', '?')} thr", f"`{preset}`: {s['steps']} steps, final val loss {losses}",
                          _num(s["min_s"]), _num(s["median_s"]), "s"))
     return rows
 

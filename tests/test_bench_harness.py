@@ -108,10 +108,10 @@ def test_readme_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatc
 
 
 def test_rows_for_time_to_loss_and_train():
-    entry = {"result": {"presets": {"shakespeare-char": {
+    entry = {"result": {"threads": 1, "presets": {"shakespeare-char": {
         "runs": [{"val_loss": 1.8681}, {"val_loss": 1.8679}], "steps": 1100, "min_s": 47.04, "median_s": 49.96}}}}
     assert harness.rows_for("time_to_loss", entry) == [
-        ("time to loss", "`shakespeare-char`: 1100 steps, final val loss 1.868, 1.868", "47.0", "50.0", "s")]
+        ("time to loss, 1 thr", "`shakespeare-char`: 1100 steps, final val loss 1.868, 1.868", "47.0", "50.0", "s")]
     train = {"result": {"shape": {"B": 8, "T": 256, "V": 50304},
                         "speed": {"ours fp32": {"best_tok_s": 12345.4, "median_tok_s": 12000.0}},
                         "memory": {"hf": {"growth_mb": 812.4}},
