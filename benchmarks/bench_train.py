@@ -7,11 +7,12 @@ only ratios carry over between runs):
    zero_grad) at the `smoke` shape: batch 8 x 256 tokens, vocabulary 50304, 2 layers, 4 heads,
    width 128. Ours runs through the trainer's own step function (scratchlm.train._train_step)
    in several modes; Hugging Face's `GPT2LMHeadModel` (fp32, random weights, the same sizes, its
-   default attention implementation) runs with `torch.optim.AdamW`'s defaults. All modes are
-   timed interleaved, after warm-up steps, and reported as min and median.
+   default attention implementation) runs with `torch.optim.AdamW`'s defaults, at torch's
+   thread count and at 1 thread; our fastest mode is judged against the faster of the two. All
+   modes are timed interleaved, after warm-up steps, and reported as min and median.
 2. Peak memory of that step: resident-set growth (VmHWM) over two training steps, each model in a
-   fresh subprocess that has already imported torch and transformers and built the model
-   (torch.cuda.max_memory_allocated on CUDA).
+   fresh subprocess that has already imported torch and transformers and built the model.
+   CPU only (Linux /proc); a CUDA variant would read torch.cuda.max_memory_allocated instead.
 3. MFU (model FLOPs utilisation) at a compute-bound shape (C 512, 8 layers, 8 heads, T 512,
    V 8192, batch 8) against the best matmul FLOP/s measured in this run for the same precision.
 
@@ -55,10 +56,12 @@ OUR_MODES: dict[str, tuple[str, bool, bool, int | None]] = {
     "ours bf16 compiled": ("bfloat16", True, True, None),
 }
 HF = "hf fp32"
+HF_1T = "hf fp32 1 thread"  # Hugging Face with the same thread lever as our 1-thread mode
+HF_BEST = "hf best"  # the faster of the two HF rows (by median), the bar for our fastest mode
 
 TARGETS = (
     # (label, numerator, denominator, goal, higher is better)
-    ("fastest mode tokens/s vs HF", "fastest", HF, 2.0, True),
+    ("fastest mode tokens/s vs best HF", "fastest", HF_BEST, 2.0, True),
     ("fp32 eager tokens/s vs HF", "ours fp32", HF, 1.2, True),
     ("peak memory (fastest) vs HF", "fastest", HF, 0.6, False),
     ("peak memory (ours fp32) vs HF", "ours fp32", HF, 0.6, False),
@@ -125,18 +128,23 @@ def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Call
     return step, model
 
 
-def hf_step(b: int = B, **sizes: int) -> tuple[Callable[[], None], Any]:
+def hf_step(b: int = B, threads: int | None = None, **sizes: int) -> tuple[Callable[[], None], Any]:
     """One Hugging Face training step: loss from labels (shifted inside), clip, AdamW, zero_grad."""
     hf = hf_model(**sizes)
     optimizer = torch.optim.AdamW(hf.parameters(), lr=3e-4, weight_decay=0.1)
     x, _ = batch(hf.config.vocab_size, b, hf.config.n_positions)
 
     def step() -> None:
-        loss = hf(input_ids=x, labels=x).loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        default = torch.get_num_threads()
+        torch.set_num_threads(threads or default)
+        try:
+            loss = hf(input_ids=x, labels=x).loss
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(hf.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        finally:
+            torch.set_num_threads(default)
 
     return step, hf
 
@@ -280,6 +288,7 @@ def run(repeats: int = 5, quick: bool = False, memory: bool = True, mfu_repeats:
         startup[mode] = time.perf_counter() - start
     hf_fn, hf = hf_step()
     steps[HF] = hf_fn
+    steps[HF_1T] = hf_step(threads=1)[0]
     result["hf_attention"] = hf.config._attn_implementation
     times = time_interleaved(steps, repeats, warmup=1 if quick else 2)
     speed = {}
@@ -302,6 +311,8 @@ def run(repeats: int = 5, quick: bool = False, memory: bool = True, mfu_repeats:
         key = fastest if name == "fastest" else name
         if what == "memory":
             return result["memory"][key]["growth_mb"]
+        if key == HF_BEST:
+            return max(speed[HF]["median_tok_s"], speed[HF_1T]["median_tok_s"])
         return speed[key]["median_tok_s"]
 
     targets = []
