@@ -216,14 +216,16 @@ def _target_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
 def markdown(results: dict[str, Any]) -> str:
     """The results as markdown: the machine, one table of figures, one table of targets."""
     m = results["machine"]
+    commands = results.get("commands") or [results["command"]]
     load = ", ".join(f"{x:.1f}" for x in m["load_average"])
     lines = [
         f"Measured {results['date']} on `{m['host']}`: {m['cpu']}, {m['cores']} cores, torch {m['torch']}"
         + (f", transformers {m['transformers']}" if m.get("transformers") else "")
         + f", {m['threads']} torch threads, default dtype {m['default_dtype']}"
         + (f", GPU {m['cuda']}" if m.get("cuda") else "")
-        + f"; load average {load} at the start (commit {m.get('commit') or '?'}). "
-        + f"Command: `{results['command']}`.",
+        + f"; load average {load} when the last run started (commit {m.get('commit') or '?'}). "
+        + "Command" + ("s (merged into one file)" if len(commands) > 1 else "") + ": "
+        + "; ".join(f"`{c}`" for c in commands) + ".",
         "",
         "| benchmark | what | best | median | unit |",
         "|---|---|---:|---:|---|",
@@ -315,7 +317,9 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     path = results_path(date, info["host"], args.quick)
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
-    results.update(date=date, machine=info, command="python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv))
+    command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
+    results.update(date=date, machine=info, command=command)
+    results.setdefault("commands", []).append(command)
     earlier = dict(results["benchmarks"])
 
     def save(done: dict[str, Any]) -> None:  # after every benchmark, so a cut-short run keeps its figures

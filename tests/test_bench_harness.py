@@ -44,7 +44,7 @@ def _fake_results(finished: str = "2026-01-02T10:00:00") -> dict:
 def test_markdown_table_holds_every_figure_and_target():
     md = harness.markdown(_fake_results())
     lines = md.splitlines()
-    assert "Some CPU, 2 cores, torch 9.9" in lines[0] and "load average 0.5, 0.2, 0.1" in lines[0]
+    assert "Some CPU, 2 cores, torch 9.9" in lines[0] and "load average 0.5, 0.2, 0.1 when" in lines[0]
     assert "| decode gpt2-124m, 2 thr | ours bf16 | 61.2 | 55.5 | tok/s |" in lines
     assert "| decode gpt2-124m, 2 thr | hf fp32 | 26.0 | 25.0 | tok/s |" in lines
     assert "| prepare | `scratchlm prepare --data shakespeare`, end to end | 1.50 | 1.75 | s |" in lines
