@@ -42,19 +42,11 @@ BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "time_to_loss")
 # --------------------------------------------------------------------------------------------
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def machine() -> dict[str, Any]:
     """What the figures depend on, recorded at the start of the run."""
     import torch
+
+    from scratchlm.train import cpu_name
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -68,7 +60,7 @@ def machine() -> dict[str, Any]:
     except ImportError:
         hf = None
     return {
-        "host": socket.gethostname(), "cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+        "host": socket.gethostname(), "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": hf, "threads": torch.get_num_threads(),
         "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

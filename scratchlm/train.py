@@ -224,7 +224,7 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
     if device.type != "cpu":
         return None
     probe_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
-    key = f"best-of-bursts|{_cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{probe_dtype}"
+    key = f"best-of-bursts|{cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{probe_dtype}"
     path = _cache_dir() / "cpu_peak.json"
     try:
         table = json.loads(path.read_text())
@@ -247,7 +247,8 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
     return table[key]
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU model from /proc/cpuinfo, else what platform knows."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
