@@ -213,6 +213,19 @@ def _torch_load_safely(path: Path) -> Any:
 # --------------------------------------------------------------------------------------------
 
 
+def _swap_dir_into_place(tmp: Path, final: Path) -> None:
+    """Rename the complete directory `tmp` to `final`, moving an existing `final` aside first
+    (a directory cannot be renamed over a non-empty one) and deleting it only afterwards."""
+    old = None
+    if final.exists():
+        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        os.rename(final, old)
+    os.rename(tmp, final)
+    _fsync_path(final.parent)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
 def save_tokenizer(tokenizer: Any, directory: Path | str) -> Path:
     """Save `tokenizer` to directory/tokenizer/ atomically (temp dir, then rename)."""
     directory = Path(directory)
@@ -224,14 +237,7 @@ def save_tokenizer(tokenizer: Any, directory: Path | str) -> Path:
             if f.is_file():
                 _fsync_path(f)
         _fsync_path(tmp)
-        old = None
-        if final.exists():
-            old = directory / f".old-{TOKENIZER_DIR}-{uuid.uuid4().hex[:8]}"
-            os.rename(final, old)
-        os.rename(tmp, final)
-        _fsync_path(directory)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _swap_dir_into_place(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -332,14 +338,7 @@ def save_model_checkpoint(
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp)
         _fsync_path(tmp)
-        old = None
-        if out_dir.exists():
-            old = out_dir.parent / f".old-{out_dir.name}-{uuid.uuid4().hex[:8]}"
-            os.rename(out_dir, old)
-        os.rename(tmp, out_dir)
-        _fsync_path(out_dir.parent)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _swap_dir_into_place(tmp, out_dir)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
