@@ -36,14 +36,7 @@ from scratchlm.model import GPT
 TINY = dict(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny models gain nothing from threads, and on a busy 2-core machine torch's thread pool
-    # makes each step many times slower; restore the setting for the rest of the suite.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
 
 def _model(seed: int = 0, **overrides) -> GPT:

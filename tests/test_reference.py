@@ -70,13 +70,7 @@ def _ids_and_targets(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: extra threads only wait on each other, badly so on a busy 2-core machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
