@@ -10,7 +10,10 @@ not weights, so the limit is slightly optimistic and the fraction slightly pessi
 Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random weights:
 
     ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy)
-    ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations
+    ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations,
+                        the Linears through scratchlm.kernels' compiled gemv where it builds
+    ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul, the
+                        library path the kernel replaces (not with --quick)
     ours fp32 no-cache  the plain loop of S20 (use_cache=False); one run, no warm-up, at gpt2-124m (slow)
     hf fp32             transformers GPT2LMHeadModel.generate(use_cache=True)
     hf bf16             the same model cast to bfloat16 (not with --quick)
@@ -40,7 +43,8 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
-from scratchlm.generate import generate_ids  # noqa: E402
+from scratchlm.generate import decoding_model, generate_ids  # noqa: E402
+from scratchlm.kernels import kernel_status  # noqa: E402
 from scratchlm.model import GPT  # noqa: E402
 
 TARGET_SHAPE = "gpt2-124m"
@@ -105,10 +109,21 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
                                   do_sample=False, use_cache=True, num_beams=1)
         return call
 
+    def ours_packed():
+        packed = {}
+
+        def call():
+            if not packed:  # built inside the warm-up run, as generate_ids builds its own copies
+                packed["model"] = decoding_model(model, torch.bfloat16, layout="packed")
+            return generate_ids(packed["model"], prompt, max_new_tokens=NEW_TOKENS, greedy=True)
+        return call
+
     runs = {"ours fp32": ours(), "ours bf16": ours(torch.bfloat16), "ours fp32 no-cache": ours(use_cache=False),
             "hf fp32": theirs(hf)}
     if hf_bf16 is not None:
         runs["hf bf16"] = theirs(hf_bf16)
+        if torch.backends.mkldnn.is_available():
+            runs["ours bf16 oneDNN"] = ours_packed()
     return runs
 
 
@@ -152,6 +167,9 @@ def bench_shape(shape: str, repeats: int, quick: bool = False) -> dict[str, Any]
                 decoders["ours fp32"]["median_tok_s"] / decoders["ours fp32 no-cache"]["median_tok_s"],
             **({"ours bf16 / hf bf16": decoders["ours bf16"]["median_tok_s"] / decoders["hf bf16"]["median_tok_s"]}
                if "hf bf16" in decoders else {}),
+            **({"ours bf16 / ours bf16 oneDNN":
+                decoders["ours bf16"]["median_tok_s"] / decoders["ours bf16 oneDNN"]["median_tok_s"]}
+               if "ours bf16 oneDNN" in decoders else {}),
         },
     }
 
@@ -167,7 +185,7 @@ def run(shapes: tuple[str, ...] = ("smoke", TARGET_SHAPE), repeats: int = 3, qui
     try:
         result: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
                                   "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                                  "load_before": os.getloadavg()}
+                                  "bf16_kernel": kernel_status(), "load_before": os.getloadavg()}
         first = memory_bandwidth()
         result["shapes"] = {shape: bench_shape(shape, repeats, quick) for shape in shapes}
         result["load_after"] = os.getloadavg()
@@ -201,6 +219,7 @@ def run(shapes: tuple[str, ...] = ("smoke", TARGET_SHAPE), repeats: int = 3, qui
 def print_report(r: dict[str, Any]) -> None:
     print(f"torch {r['torch']}, transformers {r['transformers']}, {r['threads']} threads of {r['cpus']} CPUs, "
           f"load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f}")
+    print(f"bf16 gemv kernel: {r.get('bf16_kernel', '-')}")
     for shape, s in r["shapes"].items():
         print(f"\n{shape}: {s['params'] / 1e6:.1f}M parameters, batch 1, prompt {s['prompt']}, "
               f"{s['new_tokens']} new tokens, greedy")

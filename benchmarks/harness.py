@@ -166,6 +166,9 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         rows.append(("prepare", f"`{r['command']}`, end to end", _num(r["min_s"], 2), _num(r["median_s"], 2), "s"))
         rows.append(("prepare", "text throughput, end to end", "", _num(r["median_mb_per_s"], 2), "MB/s"))
     elif name.startswith("decode"):
+        if r.get("bf16_kernel"):
+            rows.append((f"decode, {r.get('threads', '?')} thr", f"bf16 gemv kernel: {r['bf16_kernel'].split(':')[0]}",
+                         "", "", ""))
         for shape, s in r.get("shapes", {}).items():
             where = f"decode {shape}, {r.get('threads', '?')} thr"
             for dec, d in s["decoders"].items():

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT, KVCache
+from scratchlm.kernels import gemv_bf16_kernel
 
 MAX_NEW_TOKENS_LIMIT = 100_000
 """The most new tokens one call may ask for: far beyond any sensible sample, small enough that a
@@ -195,6 +196,14 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
 
 
+def _default_layout(dtype: torch.dtype) -> str:
+    if dtype != torch.bfloat16:
+        return "in_out"
+    if gemv_bf16_kernel() is not None:
+        return "kernel"
+    return "packed" if _mkldnn_packing_available() else "in_out"
+
+
 def _mkldnn_packing_available() -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     try:
@@ -211,8 +220,12 @@ class DecodingLinear(nn.Module):
     A decoding step multiplies one row per sequence by every weight matrix, so its speed is the
     speed of reading the weights from memory, and bfloat16 weights halve what is read. On CPU,
     nn.Linear's (out, in) layout is read slowly for a single row, and in bfloat16 oneDNN even
-    repacks the whole matrix on every call. Here the matrix is packed once: into oneDNN's own
-    blocked layout ("packed"), or transposed to (in, out), which MKL reads fast for one row.
+    repacks the whole matrix on every call. So the layout depends on what reads it:
+      - "kernel" (bfloat16, where scratchlm.kernels compiles): W stays (out, in) and a few rows go
+        through the compiled gemv_bf16 kernel, which streams each weight row once; more rows (a
+        prompt) go through PyTorch's matmul on the same weights.
+      - "packed" (bfloat16 otherwise): oneDNN's own blocked layout, packed once.
+      - "in_out" (float32): transposed to (in, out), which MKL reads fast for one row.
     In bfloat16 the input is rounded to bfloat16 and the products summed in float32, as under
     autocast.
     """
@@ -222,19 +235,29 @@ class DecodingLinear(nn.Module):
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.dtype = dtype
         if layout is None:
-            layout = "packed" if dtype == torch.bfloat16 and _mkldnn_packing_available() else "in_out"
+            layout = _default_layout(dtype)
         self.layout = layout
         weight = linear.weight.detach().to(dtype)  # (out, in)
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
+        self.kernel = gemv_bf16_kernel() if layout == "kernel" else None
+        if layout == "kernel" and (self.kernel is None or dtype != torch.bfloat16):
+            raise ValueError("the 'kernel' layout needs bfloat16 weights and a compiled scratchlm.kernels")
         if layout == "packed":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # opaque blocked layout
+        elif layout == "kernel":
+            self.weight = weight.contiguous()  # (out, in), as nn.Linear keeps it
+            self.bias_f32 = None if self.bias is None else self.bias.float()
         else:
             self.weight = weight.t().contiguous()  # (in, out)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
+        if self.layout == "kernel" and 0 < x.numel() // self.in_features <= self.kernel.max_rows:
+            return self.kernel(x, self.weight, self.bias_f32).to(x_dtype)  # (..., out)
         x = x.to(self.dtype)
-        if self.layout == "packed":
+        if self.layout == "kernel":
+            y = F.linear(x, self.weight, self.bias)
+        elif self.layout == "packed":
             y = torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         elif self.bias is None:
             y = x @ self.weight  # (..., in) @ (in, out) -> (..., out)

@@ -39,9 +39,10 @@ def _logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         return model.lm_head(model.forward_hidden(idx)).float()
 
 
-def _bf16_reference(model: GPT) -> GPT:
+def _bf16_reference(model: GPT, round_output: bool = True) -> GPT:
     """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and
-    each Linear's input and output rounded too, as a bfloat16 matmul sees and returns them."""
+    each Linear's input rounded too, as a bfloat16 matmul sees it; its output rounded as well
+    when `round_output` (a bfloat16 matmul returns bfloat16; the gemv kernel returns float32)."""
     ref = GPT(model.config).eval()
     ref.load_state_dict(model.state_dict())
     if model.config.tie_weights:  # the copy's lm_head is rounded, the embedding table is not
@@ -53,7 +54,8 @@ def _bf16_reference(model: GPT) -> GPT:
                 if module.bias is not None:
                     module.bias.copy_(module.bias.bfloat16().float())
             module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
-            module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
+            if round_output:
+                module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
     return ref
 
 
@@ -73,12 +75,28 @@ def test_float32_copy_computes_the_models_logits(variant, layout):
     assert isinstance(model.lm_head, torch.nn.Linear)
 
 
+def _bf16_layouts() -> list:
+    from scratchlm.generate import _mkldnn_packing_available
+    from scratchlm.kernels import gemv_bf16_kernel, kernel_status
+
+    return [
+        None,  # the default
+        pytest.param("kernel", marks=pytest.mark.skipif(gemv_bf16_kernel() is None, reason=kernel_status())),
+        pytest.param("packed", marks=pytest.mark.skipif(not _mkldnn_packing_available(), reason="no oneDNN packing")),
+        "in_out",
+    ]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_bfloat16_copy_matches_weights_rounded_by_hand(variant):
+@pytest.mark.parametrize("layout", _bf16_layouts())
+@pytest.mark.parametrize("shape", [(2, 13), (3, 1), (1, 5)])  # a prompt; one step of 3 rows; a few rows
+def test_bfloat16_copy_matches_weights_rounded_by_hand(variant, layout, shape):
     model = _model(**variant)
-    idx = torch.randint(0, TINY["vocab_size"], (2, 13), generator=torch.Generator().manual_seed(2))
-    got = _logits(decoding_model(model, "bfloat16"), idx)
-    want = _logits(_bf16_reference(model), idx)
+    idx = torch.randint(0, TINY["vocab_size"], shape, generator=torch.Generator().manual_seed(2))
+    fast = decoding_model(model, "bfloat16", layout=layout)
+    got = _logits(fast, idx)
+    through_kernel = fast.lm_head.layout == "kernel" and idx.numel() <= fast.lm_head.kernel.max_rows
+    want = _logits(_bf16_reference(model, round_output=not through_kernel), idx)
     full = _logits(model, idx)
     # The copy is bfloat16 for real (far from the float32 logits) and does what the by-hand
     # rounding does (here exactly; other CPUs may sum in another order).

@@ -1,0 +1,147 @@
+"""A bfloat16 matrix-vector kernel for decoding on a CPU, compiled on first use.
+
+Batch-1 decoding multiplies one row by every weight matrix, so a step costs the time to read the
+weights from memory. bfloat16 weights halve that, but the library paths read them slowly out of
+cache: oneDNN's packed bfloat16 matmul reaches about 12 GB/s on one core of the benchmark machine,
+where a plain streaming read reaches about 27 (see benchmarks/bench_decode.py). `gemv_bf16.c` reads
+each weight row once, in order, and reaches about 20.
+
+The C file is compiled here with the system's C compiler (`$CC`, else `cc` or `gcc`) into
+`~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source, compiler and CPU,
+and loaded with ctypes. If there is no compiler, or the build fails, or SCRATCHLM_NO_KERNELS=1 is
+set, `gemv_bf16_kernel()` returns None and callers use PyTorch's own matmul; `kernel_status()`
+says which and why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("gemv_bf16.c")
+FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+
+_lock = threading.Lock()
+_state: dict[str, object] = {}  # "kernel": GemvBF16 | None, "reason": str
+
+
+def _cache_dir() -> Path:
+    env = os.environ.get("SCRATCHLM_CACHE")
+    return (Path(env) if env else Path.home() / ".cache" / "scratchlm") / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CC"), "cc", "gcc"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    """What -march=native depends on: the CPU's feature flags (Linux), else the machine name."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return line
+    except OSError:
+        pass
+    return platform.machine() + platform.processor()
+
+
+def _build(cc: str) -> Path:
+    """Compile SOURCE into the cache (atomically: a finished library or none) and return its path."""
+    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
+    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
+    target = _cache_dir() / f"gemv_bf16-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    os.close(fd)
+    try:
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cc} failed")
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class GemvBF16:
+    """The loaded kernel. `__call__(x, weight, bias)` is F.linear(x, weight, bias) for x of at
+    most `max_rows` rows (float32), weight (out, in) bfloat16, bias float32 or None; the result is
+    float32, the products summed in float32."""
+
+    def __init__(self, lib: ctypes.CDLL, path: Path):
+        self.path = path
+        self._fn = lib.scratchlm_gemv_bf16
+        self._fn.restype = ctypes.c_int
+        self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self.max_rows = lib.scratchlm_gemv_max_rows()
+        self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
+
+    def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        n_out, k = weight.shape
+        lead = x.shape[:-1]
+        m = x.numel() // k if x.shape[-1] == k else 0
+        if not (1 <= m <= self.max_rows):
+            raise ValueError(f"gemv_bf16: x of shape {tuple(x.shape)} does not fit weight {tuple(weight.shape)} "
+                             f"with at most {self.max_rows} rows")
+        if weight.dtype != torch.bfloat16 or not weight.is_contiguous() or weight.device.type != "cpu":
+            raise ValueError("gemv_bf16: weight must be a contiguous bfloat16 CPU tensor")
+        x2 = x.reshape(m, k).to(torch.float32).contiguous()
+        if bias is not None:
+            bias = bias.to(torch.float32).contiguous()
+            if bias.shape != (n_out,):
+                raise ValueError(f"gemv_bf16: bias of shape {tuple(bias.shape)} for {n_out} outputs")
+        y = torch.empty(m, n_out, dtype=torch.float32)
+        parallel = int(n_out * k >= 1 << 16 and torch.get_num_threads() > 1)  # small ones: no thread start-up
+        rc = self._fn(weight.data_ptr(), x2.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+                      m, n_out, k, parallel)
+        if rc != 0:
+            raise MemoryError("gemv_bf16: out of memory")
+        return y.view(*lead, n_out)
+
+
+def gemv_bf16_kernel() -> GemvBF16 | None:
+    """The compiled kernel, or None where it cannot be had (see `kernel_status`). Builds once per
+    process; the first build on a machine takes about a second."""
+    with _lock:
+        if "kernel" not in _state:
+            _state["kernel"], _state["reason"] = _load()
+        return _state["kernel"]  # type: ignore[return-value]
+
+
+def kernel_status() -> str:
+    """One line: which bfloat16 decoding kernel is in use, and why."""
+    kernel = gemv_bf16_kernel()
+    return str(_state["reason"]) if kernel is None else \
+        f"compiled ({'AVX512-BF16' if kernel.uses_dpbf16 else 'portable C'}): {kernel.path}"
+
+
+def _load() -> tuple[GemvBF16 | None, str]:
+    if os.environ.get("SCRATCHLM_NO_KERNELS", "") not in ("", "0"):
+        return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's matmul"
+    if sys.platform != "linux":
+        return None, f"not built on {sys.platform} (Linux only): PyTorch's matmul"
+    cc = _compiler()
+    if cc is None:
+        return None, "no C compiler found (set CC): PyTorch's matmul"
+    try:
+        path = _build(cc)
+        return GemvBF16(ctypes.CDLL(str(path)), path), "compiled"
+    except (OSError, RuntimeError, subprocess.SubprocessError) as e:
+        return None, f"build failed ({e}): PyTorch's matmul"

@@ -1,0 +1,120 @@
+"""scratchlm.kernels: the compiled bfloat16 gemv, checked against float64 matmuls done here, and
+its fallbacks when it cannot be built."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchlm import kernels
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
+
+KERNEL = kernels.gemv_bf16_kernel()
+needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"bf16 gemv kernel: {kernels.kernel_status()}")
+
+
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """float64 x W^T + b, with x rounded to bfloat16 where the kernel's VDPBF16PS path does so."""
+    if KERNEL.uses_dpbf16:
+        x = x.bfloat16()
+    y = x.double() @ weight.double().t()
+    return y if bias is None else y + bias.double()
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 2, 5, 8])
+@pytest.mark.parametrize("n_out, k", [(96, 64), (50, 37), (7, 1000), (300, 31), (2304, 768)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_a_float64_matmul(rows, n_out, k, with_bias):
+    g = torch.Generator().manual_seed(rows * 1000 + k)
+    weight = torch.randn(n_out, k, generator=g).bfloat16()
+    x = torch.randn(rows, k, generator=g)
+    bias = torch.randn(n_out, generator=g) if with_bias else None
+    got = KERNEL(x, weight, bias)
+    want = _reference(x, weight, bias)
+    assert got.dtype == torch.float32 and got.shape == (rows, n_out)
+    # float32 sums of k products of size ~1: a few float32 ulps of sqrt(k)
+    torch.testing.assert_close(got.double(), want, atol=2e-6 * k ** 0.5 * 4, rtol=1e-5)
+
+
+@needs_kernel
+def test_gemv_keeps_leading_dims_and_splits_rows_between_threads():
+    g = torch.Generator().manual_seed(7)
+    weight = torch.randn(4099, 96, generator=g).bfloat16()  # big enough to run in parallel; odd row count
+    x = torch.randn(2, 1, 96, generator=g)
+    want = _reference(x.reshape(2, 96), weight, None).reshape(2, 1, 4099)
+    previous = torch.get_num_threads()
+    try:
+        for threads in (1, 2):
+            torch.set_num_threads(threads)
+            got = KERNEL(x, weight)
+            assert got.shape == (2, 1, 4099)
+            torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_kernel
+def test_gemv_rejects_what_it_cannot_compute():
+    weight = torch.randn(16, 32).bfloat16()
+    with pytest.raises(ValueError, match="at most"):
+        KERNEL(torch.randn(KERNEL.max_rows + 1, 32), weight)
+    with pytest.raises(ValueError, match="at most"):
+        KERNEL(torch.randn(1, 31), weight)
+    with pytest.raises(ValueError, match="bfloat16"):
+        KERNEL(torch.randn(1, 32), weight.float())
+    with pytest.raises(ValueError, match="bfloat16"):
+        KERNEL(torch.randn(1, 32), torch.randn(32, 16).bfloat16().t())  # (16, 32), not contiguous
+    with pytest.raises(ValueError, match="bias"):
+        KERNEL(torch.randn(1, 32), weight, torch.randn(15))
+
+
+def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
+    code = ("from scratchlm import kernels, generate\n"
+            "import torch\n"
+            "print(kernels.kernel_status())\n"
+            "print(generate._default_layout(torch.bfloat16))\n")
+    full_env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), **env}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_switched_off_by_the_environment(tmp_path):
+    out = _status_in_subprocess({"SCRATCHLM_NO_KERNELS": "1"}, tmp_path)
+    assert out.startswith("off (SCRATCHLM_NO_KERNELS is set)")
+    assert out.splitlines()[1] in ("packed", "in_out")
+    assert not (tmp_path / "cache").exists()
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel is only built on Linux")
+def test_a_failing_compiler_falls_back_and_leaves_no_half_built_library(tmp_path):
+    out = _status_in_subprocess({"CC": "false"}, tmp_path)
+    assert out.startswith("build failed"), out
+    assert out.splitlines()[1] in ("packed", "in_out")
+    assert list((tmp_path / "cache" / "kernels").iterdir()) == []  # the temporary file was removed
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel is only built on Linux")
+def test_no_compiler_falls_back(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    out = _status_in_subprocess({"PATH": str(empty), "CC": ""}, tmp_path)
+    assert out.startswith("no C compiler found"), out
+
+
+@needs_kernel
+def test_built_once_then_loaded_from_the_cache(tmp_path):
+    first = _status_in_subprocess({}, tmp_path)
+    built = list((tmp_path / "cache" / "kernels").glob("*.so"))
+    assert first.startswith("compiled") and len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    second = _status_in_subprocess({}, tmp_path)
+    assert second == first
+    assert [p.stat().st_mtime_ns for p in (tmp_path / "cache" / "kernels").glob("*.so")] == [stamp]
