@@ -252,8 +252,12 @@ class DecodingLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x_dtype = x.dtype
-        if self.layout == "kernel" and 0 < x.numel() // self.in_features <= self.kernel.max_rows:
-            return self.kernel(x, self.weight, self.bias_f32).to(x_dtype)  # (..., out)
+        if self.kernel is not None:
+            rows = x.numel() // self.in_features
+            if 0 < rows <= self.kernel.max_rows:
+                if x_dtype == torch.float32 and x.is_contiguous():  # a decoding step: the short way
+                    return self.kernel.rows(x, self.weight, self.bias_f32, rows).view(*x.shape[:-1], -1)
+                return self.kernel(x, self.weight, self.bias_f32).to(x_dtype)  # (..., out)
         x = x.to(self.dtype)
         if self.layout == "kernel":
             y = F.linear(x, self.weight, self.bias)

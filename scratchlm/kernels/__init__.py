@@ -107,13 +107,20 @@ class GemvBF16:
             bias = bias.to(torch.float32).contiguous()
             if bias.shape != (n_out,):
                 raise ValueError(f"gemv_bf16: bias of shape {tuple(bias.shape)} for {n_out} outputs")
-        y = torch.empty(m, n_out, dtype=torch.float32)
-        parallel = int(n_out * k >= 1 << 16 and torch.get_num_threads() > 1)  # small ones: no thread start-up
-        rc = self._fn(weight.data_ptr(), x2.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        return self.rows(x2, weight, bias, m).view(*lead, n_out)
+
+    def rows(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, m: int) -> torch.Tensor:
+        """`__call__` without its checks, for a caller that made them once (a decoding step makes
+        about 50 calls, and each check costs as much as the call itself): x float32, contiguous,
+        m rows of weight.shape[1]; weight and bias as for `__call__`. Returns (m, out) float32."""
+        n_out, k = weight.shape
+        y = torch.empty(m, n_out)
+        parallel = n_out * k >= 1 << 16  # below that, starting the second thread costs more than it saves
+        rc = self._fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
                       m, n_out, k, parallel)
         if rc != 0:
             raise MemoryError("gemv_bf16: out of memory")
-        return y.view(*lead, n_out)
+        return y
 
 
 def gemv_bf16_kernel() -> GemvBF16 | None:
