@@ -265,9 +265,20 @@ def cpu_name() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with decay on matrices (every parameter of 2 or more dimensions) only."""
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+    """AdamW with decay on matrices (every parameter of 2 or more dimensions) only.
+
+    With cfg.optimizer == "muon": torch.optim.Muon on the blocks' matrices and this AdamW on the
+    rest, as one scratchlm.optim.MuonWithAdamW (same lr, schedule and weight decay for both).
+    """
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # a tied matrix appears once
+    muon_params: list[torch.nn.Parameter] = []
+    if cfg.optimizer == "muon":
+        from scratchlm.optim import hidden_matrices
+
+        muon_params = hidden_matrices(model)
+        taken = {id(p) for p in muon_params}
+        params = {n: p for n, p in params.items() if id(p) not in taken}
     decay = [p for p in params.values() if p.dim() >= 2]
     no_decay = [p for p in params.values() if p.dim() < 2]
     groups = [
@@ -279,7 +290,14 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
         extra["foreach"] = True  # sharded (DTensor) parameters: the foreach path supports them everywhere
     elif device.type in ("cuda", "cpu"):
         extra["fused"] = True  # one kernel for all parameters instead of one per tensor
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
+    if cfg.optimizer != "muon":
+        return adamw
+    from scratchlm.optim import MuonWithAdamW
+
+    muon = torch.optim.Muon(muon_params, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                            nesterov=True, adjust_lr_fn="match_rms_adamw")
+    return MuonWithAdamW(muon, adamw)
 
 
 # --------------------------------------------------------------------------------------------
@@ -583,6 +601,11 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
         resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
         if resume_ckpt is None:
             raise UserError(f"{run_dir}: no complete checkpoint to resume from")
+        saved = ckpt_io.read_config(resume_ckpt).get("train")
+        saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
+        if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
+            raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
+                            "optimizer (or start a new run)")
     else:
         run_dir = Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg)
         _check_fresh_run_dir(run_dir)  # every rank checks, so all of them stop together

@@ -16,6 +16,7 @@ from scratchlm.errors import ConfigError
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16", "float16")
+OPTIMIZERS = ("adamw", "muon")
 
 
 @dataclass
@@ -71,6 +72,12 @@ class TrainConfig:
     """AdamW beta2."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this (0 disables clipping)."""
+    optimizer: str = "adamw"
+    """`adamw`, or `muon`: torch.optim.Muon (orthogonalised momentum) on the 2-D matrices inside the
+    Transformer blocks and AdamW on the rest (embeddings, lm_head, norms, biases); both follow lr
+    and its schedule (Muon's step is rescaled to AdamW's size). Not with fsdp."""
+    muon_momentum: float = 0.95
+    """Muon's (Nesterov) momentum, in [0, 1); only used with optimizer muon."""
 
     # --- speed and precision ---
     dtype: str = "float32"
@@ -141,6 +148,13 @@ class TrainConfig:
             raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
         if self.dtype not in DTYPES:
             raise ConfigError("dtype", f"unknown {self.dtype!r}; choose one of {', '.join(DTYPES)}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError("optimizer", f"unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if not 0 <= self.muon_momentum < 1:
+            raise ConfigError("muon_momentum", f"must be in [0, 1), got {self.muon_momentum!r}")
+        if self.optimizer == "muon" and self.fsdp:
+            raise ConfigError("optimizer", "Muon orthogonalises whole matrices; FSDP shards them: "
+                                           "use --optimizer adamw with --fsdp")
         if not self.lr > 0 or self.min_lr < 0:
             raise ConfigError("lr", "lr must be positive and min_lr >= 0")
         if not 0 < self.val_fraction < 1:
