@@ -259,6 +259,8 @@ CASES = [
     Case("train: unknown activation", [*TRAIN, "--activation", "swish"], ["activation", "swish"], TEXT),
     Case("train: --max_steps 0", [*TRAIN, "--max_steps", "0"], ["max_steps", "0"], TEXT),
     Case("train: --val_fraction 0", [*TRAIN, "--val_fraction", "0"], ["val_fraction", "0"], TEXT),
+    Case("train: unknown optimizer", [*TRAIN, "--optimizer", "lion"], ["optimizer", "lion", "adamw, muon"], TEXT),
+    Case("train: --optimizer muon with --fsdp", [*TRAIN, "--optimizer", "muon", "--fsdp"], ["FSDP", "--optimizer adamw"], TEXT),
     # --- train --resume
     Case("resume: no such run", ["train", "--resume", "{d}/nowhere"], ["nowhere", "no checkpoint"]),
     Case("resume: latest names a missing checkpoint", ["train", "--resume", "{d}/r"], ["no checkpoint"],
@@ -271,6 +273,8 @@ CASES = [
          _with_run(lambda c: (c / "config.json").write_text("{\"model\": "))),
     Case("resume: with model flags", ["train", "--resume", "{d}/run", "--n_layer", "3"], ["--resume", "model flags"], _with_run()),
     Case("resume: into another --out_dir", ["train", "--resume", "{d}/run", "--out_dir", "{d}/other"], ["--out_dir"], _with_run()),
+    Case("resume: with another optimizer", ["train", "--resume", "{d}/run", "--optimizer", "muon"],
+         ["--optimizer adamw", "same optimizer"], _with_run()),
     Case("resume: data with more characters than the model", ["train", "--resume", "{d}/run", "--data", "{d}/wide.txt"],
          ["vocabulary"], _setups(_with_run(), _files(wide_dot_txt="".join(chr(c) for c in range(0x400, 0x480)) * 10))),
     # --- generate
