@@ -89,6 +89,25 @@ def test_muon_takes_exactly_the_blocks_matrices(variant):
         cfg.lr, cfg.weight_decay, cfg.muon_momentum, True, "match_rms_adamw")
 
 
+def test_split_sees_through_ddp(tmp_path):
+    """Under torchrun the loop passes the DistributedDataParallel wrapper, whose parameter names
+    start with `module.`: the same matrices still go to Muon (a 1-process gloo group here)."""
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    cfg = muon_config()
+    model = tiny_model(cfg)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        opt = make_optimizer(DDP(model), cfg, CPU)
+    finally:
+        dist.destroy_process_group()
+    names = {id(p): n for n, p in model.named_parameters()}
+    muon = sorted(names[id(p)] for g in opt.muon.param_groups for p in g["params"])
+    assert muon == sorted(n for n, p in model.named_parameters() if n.startswith("transformer.h.") and p.dim() == 2)
+    assert sum(len(g["params"]) for g in opt.param_groups) == len(names)
+
+
 def test_adamw_is_still_the_default():
     cfg = TrainConfig(model_overrides=TINY_MODEL)
     assert cfg.optimizer == "adamw"
