@@ -35,6 +35,7 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
+from scratchlm.optim import MuonWithAdamW, hidden_matrices
 from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
 )
@@ -265,7 +266,8 @@ def cpu_name() -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.device):
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig,
+                   device: torch.device) -> torch.optim.AdamW | MuonWithAdamW:
     """AdamW with decay on matrices (every parameter of 2 or more dimensions) only.
 
     With cfg.optimizer == "muon": torch.optim.Muon on the blocks' matrices and this AdamW on the
@@ -274,8 +276,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # a tied matrix appears once
     muon_params: list[torch.nn.Parameter] = []
     if cfg.optimizer == "muon":
-        from scratchlm.optim import hidden_matrices
-
         muon_params = hidden_matrices(model)
         taken = {id(p) for p in muon_params}
         params = {n: p for n, p in params.items() if id(p) not in taken}
@@ -293,8 +293,6 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig, device: torch.devic
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
     if cfg.optimizer != "muon":
         return adamw
-    from scratchlm.optim import MuonWithAdamW
-
     muon = torch.optim.Muon(muon_params, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
                             nesterov=True, adjust_lr_fn="match_rms_adamw")
     return MuonWithAdamW(muon, adamw)
