@@ -7,11 +7,12 @@ goal would cut a cosine schedule short and use the noisier 50-batch evaluations)
 the training wall time the trainer reports (steps, evaluations, samples and checkpoints; the
 one-off data preparation and model build are not in it) and the final validation loss, computed
 over the whole validation split (the file's last 10%, as the reference implementation does).
-Median of `repeats` runs; the goal is met when the median time is <= 60 s and every run's final
-loss is <= 1.88.
+Median of `repeats` runs per preset; the goal is met when the fastest preset's median time is
+<= 60 s and every one of its runs' final loss is <= 1.88. Two presets by default: the classic
+`shakespeare-char` (AdamW) and `shakespeare-char-fast` (Muon, fewer steps).
 
-    python benchmarks/bench_time_to_loss.py                          # shakespeare-char, 3 runs
-    python benchmarks/bench_time_to_loss.py --presets shakespeare-char shakespeare-char-fast
+    python benchmarks/bench_time_to_loss.py                          # both presets, 3 runs each
+    python benchmarks/bench_time_to_loss.py --presets shakespeare-char --repeats 1
 
 Takes minutes; never run as a test.
 """
@@ -47,7 +48,10 @@ def one_run(preset: str, data: Path, workdir: Path, **overrides: Any) -> dict[st
             "steps": result.step, "tokens_per_s": result.tokens_per_s}
 
 
-def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data: Path = DATA,
+PRESETS = ("shakespeare-char", "shakespeare-char-fast")
+
+
+def run(presets: tuple[str, ...] = PRESETS, repeats: int = 3, data: Path = DATA,
         threads: int | None = None) -> dict[str, Any]:
     """All figures as a dict; prints nothing. Skips (with a reason) when the data file is missing.
     threads: the trainings' CPU threads (None: the presets' own setting, torch's default)."""
@@ -69,19 +73,29 @@ def run(presets: tuple[str, ...] = ("shakespeare-char",), repeats: int = 3, data
             for preset in presets:  # interleaved, so load changes hit every preset alike
                 runs.setdefault(preset, []).append(one_run(preset, data, work, threads=threads))
     result["load_after"] = os.getloadavg()
-    summary, targets = {}, []
+    summary = {}
     for preset, rs in runs.items():
         times = [r["train_s"] for r in rs]
         losses = [r["val_loss"] for r in rs]
         summary[preset] = {"runs": rs, "min_s": min(times), "median_s": statistics.median(times),
                            "val_loss_max": max(losses), "val_loss_median": statistics.median(losses),
                            "steps": rs[0]["steps"], "median_tokens_per_s": statistics.median(r["tokens_per_s"] for r in rs)}
-        met = summary[preset]["median_s"] <= GOAL_SECONDS and max(losses) <= GOAL_LOSS
-        targets.append({"target": f"time to val loss {GOAL_LOSS} ({preset}), s", "ratio": summary[preset]["median_s"],
-                        "goal": GOAL_SECONDS, "met": met, "lower_is_better": True})
+        summary[preset]["reached"] = max(losses) <= GOAL_LOSS
     result["presets"] = summary
-    result["targets"] = targets
+    result["targets"] = target_rows(summary)
     return result
+
+
+def target_rows(summary: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    """The target row: the fastest preset (median) among those whose every run reached the loss,
+    or, when none did, the fastest of all (and then it is not met)."""
+    if not summary:
+        return []
+    reached = [p for p in summary if summary[p]["reached"]] or list(summary)
+    best = min(reached, key=lambda p: summary[p]["median_s"])
+    met = summary[best]["median_s"] <= GOAL_SECONDS and summary[best]["reached"]
+    return [{"target": f"time to val loss {GOAL_LOSS} (fastest preset, {best}), s",
+             "ratio": summary[best]["median_s"], "goal": GOAL_SECONDS, "met": met, "lower_is_better": True}]
 
 
 def print_report(r: dict[str, Any]) -> None:
@@ -102,7 +116,7 @@ def print_report(r: dict[str, Any]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", nargs="+", default=["shakespeare-char"], help="training presets to time")
+    parser.add_argument("--presets", nargs="+", default=list(PRESETS), help="training presets to time")
     parser.add_argument("--repeats", type=int, default=3, help="runs per preset (default: 3)")
     parser.add_argument("--data", type=Path, default=DATA, help=f"the text file (default: {DATA})")
     parser.add_argument("--threads", type=int, default=None, help="CPU threads of each training (default: torch's)")

@@ -126,3 +126,17 @@ def test_rows_for_time_to_loss_and_train():
 @pytest.mark.parametrize("name", ["prepare", "decode-1t", "decode", "train", "time_to_loss"])
 def test_every_benchmark_has_a_runner(name):
     assert name in harness.RUNNERS
+
+
+def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss():
+    from benchmarks.bench_time_to_loss import target_rows
+
+    summary = {"slow": {"median_s": 58.0, "reached": True}, "fast": {"median_s": 40.0, "reached": True},
+               "fastest but short": {"median_s": 20.0, "reached": False}}
+    (row,) = target_rows(summary)
+    assert "fast)" in row["target"] and row["ratio"] == 40.0 and row["met"]
+    (row,) = target_rows({"a": {"median_s": 70.0, "reached": True}, "b": {"median_s": 50.0, "reached": False}})
+    assert "a)" in row["target"] and not row["met"]  # 70 s is over the goal
+    (row,) = target_rows({"b": {"median_s": 50.0, "reached": False}})
+    assert not row["met"]  # fast enough, but the loss was never reached
+    assert target_rows({}) == []

@@ -226,7 +226,7 @@ def test_help_lists_every_field_with_its_default(capsys):
 
 
 def test_presets_are_complete_configs():
-    for name in ("shakespeare-char", "smoke", "gpt2-124m", "seed-400m"):
+    for name in ("shakespeare-char", "shakespeare-char-fast", "smoke", "gpt2-124m", "seed-400m"):
         cfg = config_from_preset(name)
         cfg.model_config(256)  # the model part validates too
     baby = config_from_preset("shakespeare-char").model_config(65)
