@@ -1,7 +1,9 @@
 """`python -m benchmarks`: run every benchmark, save the figures, and regenerate the README's numbers.
 
     python -m benchmarks                    # prepare, decoding, training (about 10-15 minutes)
-    python -m benchmarks --time-to-loss     # ... and time to loss (3 trainings of about a minute)
+    python -m benchmarks --time-to-loss     # ... and time to loss (3 trainings of each of 2 presets)
+    python -m benchmarks --only train-gpu   # gpt2-124m on a CUDA GPU (bf16, compile, flash attention);
+                                            # every run includes it, and it skips itself without CUDA
     python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
     python -m benchmarks --only decode      # some benchmarks; merged into today's file
                                             # (decode: torch's threads; decode-1t: one thread)
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
-BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "time_to_loss")
+BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "time_to_loss")
 
 
 # --------------------------------------------------------------------------------------------
@@ -99,6 +101,12 @@ def _bench_train(quick: bool, repeats: int) -> dict[str, Any]:
     return bench_train.run(repeats=2 if quick else max(repeats, 3), quick=quick)
 
 
+def _bench_train_gpu(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_train_gpu  # skips itself (quickly) where there is no CUDA device
+
+    return bench_train_gpu.run(steps=5 if quick else 10, blocks=2 if quick else max(repeats, 3))
+
+
 TIME_TO_LOSS_THREADS: int | None = None  # --ttl-threads
 
 
@@ -109,7 +117,8 @@ def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
-    "prepare": _bench_prepare, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "time_to_loss": _bench_time_to_loss,
+    "prepare": _bench_prepare, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
+    "time_to_loss": _bench_time_to_loss,
 }
 
 
@@ -188,6 +197,17 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         for mode, m in r.get("mfu", {}).items():
             rows.append(("train MFU", f"{mode} (of {m['peak_gflops']:.0f} GFLOP/s measured peak)",
                          _num(100 * m["mfu"]), _num(100 * m.get("mfu_median", m["mfu"])), "%"))
+    elif name == "train-gpu":
+        if "skipped" in r:
+            rows.append(("train gpu", f"skipped: {r['skipped']}", "", "", ""))
+        for model, m in r.get("models", {}).items():
+            where = f"train {r['device']} {r['shape']} B {r['batch']} T {r['block_size']}"
+            rows.append((where, model, _num(m["best_tok_s"], 0), _num(m["median_tok_s"], 0), "tok/s"))
+            if m.get("mfu") is not None:
+                rows.append((where, f"{model} MFU (of {m['peak_flops'] / 1e12:.0f} TFLOP/s datasheet bf16)", "",
+                             _num(100 * m["mfu"]), "%"))
+            if m.get("peak_memory_mb") is not None:
+                rows.append((where, f"{model} peak allocated memory", "", _num(m["peak_memory_mb"], 0), "MB"))
     elif name == "time_to_loss":
         if "skipped" in r:
             rows.append(("time to loss", f"skipped: {r['skipped']}", "", "", ""))
