@@ -140,3 +140,23 @@ def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss():
     (row,) = target_rows({"b": {"median_s": 50.0, "reached": False}})
     assert not row["met"]  # fast enough, but the loss was never reached
     assert target_rows({}) == []
+
+
+def test_decode_limits_pair_each_run_with_its_own_bandwidth():
+    from benchmarks.bench_decode import limits
+
+    # 250 MB per token; runs at 80, 100 and 90 tok/s beside 25, 40 and 30 GB/s: limits 100, 160
+    # and 120 tok/s, shares 0.8, 0.625, 0.75 -> median 0.75. Strict: 90 / (50 GB/s / 250 MB) = 0.45.
+    paired = [{"tok_s": 80.0, "read_gb_s": 25.0}, {"tok_s": 100.0, "read_gb_s": 40.0}, {"tok_s": 90.0, "read_gb_s": 30.0}]
+    lim = limits(250_000_000, 90.0, paired, 50.0)
+    assert lim["fraction"] == pytest.approx(0.75)
+    assert lim["limit_tok_s"] == pytest.approx(120.0)
+    assert lim["strict_limit_tok_s"] == pytest.approx(200.0) and lim["strict_fraction"] == pytest.approx(0.45)
+    rows = harness.rows_for("decode", {"result": {"threads": 2, "shapes": {"gpt2-124m": {
+        "decoders": {}, "bandwidth": {"read_gb_s": 50.0}, "limits": {"bf16": lim}}}}})
+    assert rows == [
+        ("decode gpt2-124m, 2 thr", "bf16 limit beside each run: 25.0-40.0 GB/s read / 250 MB per token "
+                                    "(ours at 75%, median of runs)", "", "120.0", "tok/s"),
+        ("decode gpt2-124m, 2 thr", "bf16 strict limit: 50.0 GB/s, the run's best read / 250 MB per token "
+                                    "(ours at 45%)", "", "200.0", "tok/s")]
+    assert limits(250_000_000, 90.0, [], 50.0)["fraction"] == pytest.approx(0.45)  # no probes: the strict share
