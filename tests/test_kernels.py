@@ -118,3 +118,24 @@ def test_built_once_then_loaded_from_the_cache(tmp_path):
     second = _status_in_subprocess({}, tmp_path)
     assert second == first
     assert [p.stat().st_mtime_ns for p in (tmp_path / "cache" / "kernels").glob("*.so")] == [stamp]
+
+
+@pytest.mark.skipif(sys.platform != "linux" or kernels._compiler() is None, reason="needs Linux and a C compiler")
+def test_the_portable_loop_matches_a_float64_matmul(tmp_path):
+    """The plain-C version, compiled here with AVX512-BF16 switched off (what a CPU without it
+    gets); it keeps x in float32, so the reference does not round x."""
+    import ctypes
+
+    path = tmp_path / "portable.so"
+    done = subprocess.run([kernels._compiler(), *kernels.FLAGS, "-mno-avx512bf16", "-o", str(path), str(kernels.SOURCE)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    portable = kernels.GemvBF16(ctypes.CDLL(str(path)), path)
+    assert not portable.uses_dpbf16
+    g = torch.Generator().manual_seed(11)
+    for rows, n_out, k in [(1, 300, 37), (3, 2304, 768), (8, 50, 1000)]:
+        weight = torch.randn(n_out, k, generator=g).bfloat16()
+        x = torch.randn(rows, k, generator=g)
+        bias = torch.randn(n_out, generator=g)
+        want = x.double() @ weight.double().t() + bias.double()
+        torch.testing.assert_close(portable(x, weight, bias).double(), want, atol=1e-5 * k ** 0.5, rtol=1e-5)
