@@ -510,6 +510,11 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
 def _check_fresh_run_dir(run_dir: Path) -> None:
     check_folder_path(run_dir, "--out_dir")
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if run_dir.is_dir() and ckpt_io.latest_checkpoint(run_dir) is None:
+            raise UserError(  # --resume would only say there is nothing to resume
+                f"{run_dir} already holds files but no checkpoint (a run stopped before its first one?); "
+                "delete it to start over there, or choose another --out_dir"
+            )
         raise UserError(
             f"{run_dir} already holds files (a run?); pass --resume {run_dir} to continue it, "
             "or choose another --out_dir"
@@ -520,7 +525,10 @@ def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     """The training config saved in a run's latest checkpoint, with some fields changed."""
     ckpt = ckpt_io.latest_checkpoint(run_dir)
     if ckpt is None:
-        raise UserError(f"{run_dir}: no checkpoint to resume from")
+        why = ("no such folder" if not Path(run_dir).exists() else
+               "a run stopped before its first checkpoint leaves nothing to continue: delete the folder and start "
+               "the run again, or start it in another --out_dir")
+        raise UserError(f"{run_dir}: no checkpoint to resume from ({why})")
     saved = ckpt_io.read_config(ckpt).get("train")
     if not isinstance(saved, dict):
         raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")

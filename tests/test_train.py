@@ -295,3 +295,24 @@ def test_logged_interval_mean_and_plot_curve_after_resume(tmp_path):
         f.write('{"event": "train", "step": 11, "lo')
     steps, tokens, values = _curve(read_metrics(result.run_dir), "train", "loss")
     assert steps == [1, 5, 10] and values[1] == 9.0
+
+
+def test_a_run_folder_without_a_checkpoint_gets_advice_that_leads_somewhere(tmp_path):
+    """A run killed before its first checkpoint leaves a folder with only its logs: --resume has
+    nothing to continue, so neither message may send the user to --resume."""
+    from scratchlm.train import resume_config
+
+    data = write_text(tmp_path / "text.txt")
+    stopped = tmp_path / "stopped"
+    stopped.mkdir()
+    (stopped / "log.jsonl").write_text('{"event": "start"}\n')
+    cfg = tiny_config(tmp_path, data, out_dir=str(stopped))
+    with pytest.raises(UserError, match="no checkpoint") as fresh:
+        train(cfg)
+    assert "--resume" not in str(fresh.value) and "delete it" in str(fresh.value)
+    with pytest.raises(UserError, match="no checkpoint to resume from") as resumed:
+        resume_config(stopped)
+    assert "delete the folder" in str(resumed.value)
+    with pytest.raises(UserError, match="no such folder"):
+        resume_config(tmp_path / "nowhere")
+    assert (stopped / "log.jsonl").read_text() == '{"event": "start"}\n'  # nothing of the user's was touched
