@@ -139,3 +139,13 @@ def test_the_portable_loop_matches_a_float64_matmul(tmp_path):
         bias = torch.randn(n_out, generator=g)
         want = x.double() @ weight.double().t() + bias.double()
         torch.testing.assert_close(portable(x, weight, bias).double(), want, atol=1e-5 * k ** 0.5, rtol=1e-5)
+
+
+@needs_kernel
+def test_a_damaged_cached_library_is_rebuilt(tmp_path):
+    _status_in_subprocess({}, tmp_path)
+    (built,) = (tmp_path / "cache" / "kernels").glob("*.so")
+    built.write_bytes(b"not a shared library")
+    out = _status_in_subprocess({}, tmp_path)
+    assert out.startswith("compiled"), out
+    assert built.read_bytes()[:4] == b"\x7fELF"

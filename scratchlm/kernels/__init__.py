@@ -149,6 +149,12 @@ def _load() -> tuple[GemvBF16 | None, str]:
         return None, "no C compiler found (set CC): PyTorch's matmul"
     try:
         path = _build(cc)
-        return GemvBF16(ctypes.CDLL(str(path)), path), "compiled"
+        try:
+            lib = ctypes.CDLL(str(path))
+        except OSError:  # a damaged file in the cache (a full disk, a copy cut short): build it again, once
+            path.unlink(missing_ok=True)
+            path = _build(cc)
+            lib = ctypes.CDLL(str(path))
+        return GemvBF16(lib, path), "compiled"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"build failed ({e}): PyTorch's matmul"
