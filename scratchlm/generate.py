@@ -37,7 +37,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError, UserError
-from scratchlm.model import GPT, KVCache
+from scratchlm.model import GPT, CausalSelfAttention, KVCache
 from scratchlm.kernels import gemv_bf16_kernel
 
 MAX_NEW_TOKENS_LIMIT = 100_000
@@ -270,6 +270,36 @@ class DecodingLinear(nn.Module):
         return y.to(x_dtype)
 
 
+class DecodingAttention(CausalSelfAttention):
+    """CausalSelfAttention for decoding on a CPU: the same module (the same c_attn, c_proj and
+    settings), whose one-new-position steps run through the compiled attend_one kernel
+    (scratchlm/kernels/attend_one.c): it writes the new key and value into the cache and attends
+    in one call, where the model's own code takes about twenty small torch operations, each a few
+    microseconds of overhead. Everything else (a prompt, RoPE, masks, attention weights, a cache in
+    another dtype) goes through the model's own code."""
+
+    @classmethod
+    def from_attention(cls, attn: CausalSelfAttention, kernel) -> "DecodingAttention":
+        fast = cls.__new__(cls)
+        nn.Module.__init__(fast)
+        for name, child in attn.named_children():
+            fast.add_module(name, child)
+        for name in ("n_head", "n_embd", "layer", "dropout", "impl"):
+            setattr(fast, name, getattr(attn, name))
+        fast.kernel = kernel
+        return fast
+
+    def forward(self, x, rope=None, allowed=None, kv_cache=None, weights_out=None) -> torch.Tensor:
+        if (x.shape[1] != 1 or kv_cache is None or rope is not None or allowed is not None
+                or weights_out is not None or self.training or x.dtype != torch.float32
+                or any(t.dtype != torch.float32 or not t.is_contiguous() for t in (kv_cache.k, kv_cache.v))):
+            return super().forward(x, rope, allowed, kv_cache, weights_out)
+        qkv = self.c_attn(x).contiguous()  # (B, 1, 3C)
+        y = self.kernel.attend_one(qkv, kv_cache.k[self.layer], kv_cache.v[self.layer], kv_cache.length,
+                                   self.n_head)  # (B, 1, C)
+        return self.resid_dropout(self.c_proj(y))
+
+
 def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: str | None = None) -> GPT:
     """A copy of `model` for decoding only, in eval mode, with its weights in `dtype` (None keeps
     the model's).
@@ -297,6 +327,10 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
         for name, linear in linears.items():
             fast.set_submodule(name, DecodingLinear(linear, dtype, layout))
         fast = fast.float()  # the copy's own tensors only: no Linear of `model` is left in it
+        kernel = gemv_bf16_kernel()
+        if kernel is not None:
+            for block in fast.transformer.h:
+                block.attn = DecodingAttention.from_attention(block.attn, kernel)
     fast.eval().requires_grad_(False)
     fast.is_decoding_copy = True
     return fast

@@ -159,3 +159,25 @@ def test_generate_text_in_bfloat16_and_on_the_command_line(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     assert out == "abc" + want.text + "\n"
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_float32_copy_decodes_step_by_step_like_the_model(variant):
+    """Cached steps of the decoding copy (its compiled attention where it builds; the model's own
+    code for RoPE) against the model's own forward over the whole sequence, at every step."""
+    from scratchlm.generate import DecodingAttention
+    from scratchlm.kernels import gemv_bf16_kernel
+    from scratchlm.model import KVCache
+
+    model = _model(seed=6, **variant)
+    fast = decoding_model(model, layout="in_out")
+    assert isinstance(fast.transformer.h[0].attn, DecodingAttention) == (gemv_bf16_kernel() is not None)
+    idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=torch.Generator().manual_seed(6))
+    cache = KVCache(model.config, 2)
+    with torch.no_grad():
+        fast.forward_hidden(idx[:, :3], kv_cache=cache)  # a prompt of 3
+        for n in range(3, TINY["block_size"]):  # then one position at a time, up to the full context
+            got = fast.lm_head(fast.forward_hidden(idx[:, n : n + 1], kv_cache=cache))[:, -1]
+            want = model.lm_head(model.forward_hidden(idx[:, : n + 1]))[:, -1]
+            torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
+

@@ -127,7 +127,8 @@ def test_the_portable_loop_matches_a_float64_matmul(tmp_path):
     import ctypes
 
     path = tmp_path / "portable.so"
-    done = subprocess.run([kernels._compiler(), *kernels.FLAGS, "-mno-avx512bf16", "-o", str(path), str(kernels.SOURCE)],
+    done = subprocess.run([kernels._compiler(), *kernels.FLAGS, "-mno-avx512bf16", "-o", str(path),
+                           *map(str, kernels.SOURCES), "-lm"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     portable = kernels.GemvBF16(ctypes.CDLL(str(path)), path)
@@ -149,3 +150,29 @@ def test_a_damaged_cached_library_is_rebuilt(tmp_path):
     out = _status_in_subprocess({}, tmp_path)
     assert out.startswith("compiled"), out
     assert built.read_bytes()[:4] == b"\x7fELF"
+
+
+@needs_kernel
+@pytest.mark.parametrize("B, H, hs, t_max, pos", [(1, 12, 64, 32, 0), (2, 3, 16, 20, 7), (3, 2, 5, 9, 8)])
+def test_attend_one_matches_softmax_attention_done_here(B, H, hs, t_max, pos):
+    g = torch.Generator().manual_seed(B * 100 + pos)
+    C = H * hs
+    k_cache = torch.randn(B, H, t_max, hs, generator=g)
+    v_cache = torch.randn(B, H, t_max, hs, generator=g)
+    qkv = torch.randn(B, 1, 3 * C, generator=g)
+    before_k, before_v = k_cache.clone(), v_cache.clone()
+    out = KERNEL.attend_one(qkv, k_cache, v_cache, pos, H)
+    q, k, v = qkv.double().view(B, 3, H, hs).unbind(1)  # (B, H, hs) each
+    keys = torch.cat([before_k[:, :, :pos].double(), k[:, :, None]], 2)  # (B, H, pos + 1, hs)
+    values = torch.cat([before_v[:, :, :pos].double(), v[:, :, None]], 2)
+    weights = torch.softmax((keys @ q[..., None]).squeeze(-1) / hs ** 0.5, -1)  # (B, H, pos + 1)
+    want = (weights[..., None] * values).sum(2).reshape(B, 1, C)
+    torch.testing.assert_close(out.double(), want, atol=1e-5, rtol=1e-5)
+    # the new key and value went into position pos, nothing else moved
+    torch.testing.assert_close(k_cache[:, :, pos], k.float())
+    torch.testing.assert_close(v_cache[:, :, pos], v.float())
+    others = [t for t in range(t_max) if t != pos]
+    assert torch.equal(k_cache[:, :, others], before_k[:, :, others])
+    assert torch.equal(v_cache[:, :, others], before_v[:, :, others])
+    with pytest.raises(ValueError):
+        KERNEL.attend_one(qkv, k_cache, v_cache, t_max, H)  # past the end of the cache

@@ -1,14 +1,17 @@
-"""A bfloat16 matrix-vector kernel for decoding on a CPU, compiled on first use.
+"""Two small C kernels for decoding on a CPU, compiled on first use: a bfloat16 matrix-vector
+product (gemv_bf16.c) and one new position of attention against the KV cache (attend_one.c).
 
 Batch-1 decoding multiplies one row by every weight matrix, so a step costs the time to read the
 weights from memory. bfloat16 weights halve that, but the library paths read them slowly out of
 cache: oneDNN's packed bfloat16 matmul reaches about 12 GB/s on one core of the benchmark machine,
 where a plain streaming read reaches about 27 (see benchmarks/bench_decode.py). `gemv_bf16.c` reads
-each weight row once, in order, and reaches about 20.
+each weight row once, in order, and reaches about 20. What is left of a step is small operations,
+and attention is most of them: `attend_one.c` does a layer's attention for one new position in
+one call (scratchlm.generate.DecodingAttention), about 1 ms less per GPT-2-small token.
 
-The C file is compiled here with the system's C compiler (`$CC`, else `cc` or `gcc`) into
-`~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source, compiler and CPU,
-and loaded with ctypes. If there is no compiler, or the build fails, or SCRATCHLM_NO_KERNELS=1 is
+The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
+or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,
+compiler and CPU, and loaded with ctypes. If there is no compiler, or the build fails, or SCRATCHLM_NO_KERNELS=1 is
 set, `gemv_bf16_kernel()` returns None and callers use PyTorch's own matmul; `kernel_status()`
 says which and why.
 """
@@ -29,6 +32,7 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
+SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c")]  # compiled into one library
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lock = threading.Lock()
@@ -60,17 +64,20 @@ def _cpu_flags() -> str:
 
 
 def _build(cc: str) -> Path:
-    """Compile SOURCE into the cache (atomically: a finished library or none) and return its path."""
+    """Compile SOURCES into one library in the cache (atomically: a finished library or none) and
+    return its path."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = hashlib.sha256("\0".join([SOURCE.read_text(), " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = _cache_dir() / f"gemv_bf16-{key.hexdigest()[:16]}.so"
+    texts = [path.read_text() for path in SOURCES]
+    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
+    target = _cache_dir() / f"scratchlm-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, str(SOURCE)], capture_output=True, text=True, timeout=300)
+        done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
+                              timeout=300)
         if done.returncode != 0:
             raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cc} failed")
         os.replace(tmp, target)
@@ -92,6 +99,9 @@ class GemvBF16:
         self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
         self.max_rows = lib.scratchlm_gemv_max_rows()
         self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
+        self._attend = lib.scratchlm_attend_one
+        self._attend.restype = ctypes.c_int
+        self._attend.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         n_out, k = weight.shape
@@ -121,6 +131,26 @@ class GemvBF16:
         if rc != 0:
             raise MemoryError("gemv_bf16: out of memory")
         return y
+
+
+    def attend_one(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
+                   n_head: int) -> torch.Tensor:
+        """One new position of attention (scratchlm/kernels/attend_one.c): writes its key and value
+        into k_cache, v_cache (B, H, t_max, hs) at `pos` and returns softmax(q k^T / sqrt(hs)) v over
+        positions 0..pos for every head, side by side: qkv (B, 1, 3C) -> (B, 1, C). All float32."""
+        B, _, three_c = qkv.shape
+        C = three_c // 3
+        _, H, t_max, hs = k_cache.shape
+        if (qkv.shape[1] != 1 or H != n_head or H * hs != C or not 0 <= pos < t_max
+                or any(t.dtype != torch.float32 or not t.is_contiguous() for t in (qkv, k_cache, v_cache))
+                or v_cache.shape != k_cache.shape or k_cache.shape[0] != B):
+            raise ValueError("attend_one: expects float32 contiguous qkv (B, 1, 3C) and caches (B, H, t_max, C/H)")
+        out = torch.empty(B, 1, C)
+        parallel = B * H * (pos + 1) * hs >= 1 << 17
+        if self._attend(qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+                        B, H, hs, t_max, pos, parallel) != 0:
+            raise MemoryError("attend_one: out of memory")
+        return out
 
 
 def gemv_bf16_kernel() -> GemvBF16 | None:
