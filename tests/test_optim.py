@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import io
 import math
-import random
 import re
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT
 from scratchlm.optim import MuonWithAdamW
 from scratchlm.train import TrainConfig, make_optimizer, train
+from test_train import write_text  # the same small corpus (tests/ is on sys.path under pytest)
 
 CPU = torch.device("cpu")
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
@@ -303,14 +303,6 @@ def test_grad_scaler_unscales_and_skips_both_halves():
 # --------------------------------------------------------------------------------------------
 # Through train(): learning, exact resume
 # --------------------------------------------------------------------------------------------
-
-
-def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    words = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def run_config(tmp_path: Path, data: Path, **overrides) -> TrainConfig:
