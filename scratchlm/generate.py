@@ -281,11 +281,7 @@ class DecodingAttention(CausalSelfAttention):
     @classmethod
     def from_attention(cls, attn: CausalSelfAttention, kernel) -> "DecodingAttention":
         fast = cls.__new__(cls)
-        nn.Module.__init__(fast)
-        for name, child in attn.named_children():
-            fast.add_module(name, child)
-        for name in ("n_head", "n_embd", "layer", "dropout", "impl"):
-            setattr(fast, name, getattr(attn, name))
+        fast.__dict__.update(attn.__dict__)  # the same submodules and settings (attn is the copy's own)
         fast.kernel = kernel
         return fast
 
@@ -308,8 +304,9 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     `dtype` and in a layout read fast for one row, while everything else (activations, norms,
     embeddings, attention and the KV cache) stays in float32: bfloat16 attention is several times
     slower on CPU, and the weights are what a step reads. A tied lm_head gets a copy of its own;
-    the embedding keeps the (V, C) table, of which a step reads one row. Elsewhere (GPU) the copy
-    is simply cast to `dtype`. The copy shares no storage with `model`: in float32 it computes the
+    the embedding keeps the (V, C) table, of which a step reads one row. Where scratchlm.kernels
+    builds, each block's attention becomes a `DecodingAttention` too (one call per layer for a
+    one-position step). Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`: in float32 it computes the
     same numbers to rounding; in bfloat16 to bfloat16's precision (about 3 significant digits).
     `generate`, `iter_tokens` and `beam_search` build one and reuse it while the weights stay
     unchanged (see `_decoder_for`).
