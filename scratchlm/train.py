@@ -510,7 +510,7 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
 def _check_fresh_run_dir(run_dir: Path) -> None:
     check_folder_path(run_dir, "--out_dir")
     if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
-        if run_dir.is_dir() and ckpt_io.latest_checkpoint(run_dir) is None:
+        if _stopped_before_first_checkpoint(run_dir):
             raise UserError(  # --resume would only say there is nothing to resume
                 f"{run_dir} already holds files but no checkpoint (a run stopped before its first one?); "
                 "delete it to start over there, or choose another --out_dir"
@@ -521,13 +521,22 @@ def _check_fresh_run_dir(run_dir: Path) -> None:
         )
 
 
+def _stopped_before_first_checkpoint(run_dir: Path) -> bool:
+    """A run folder (its metrics.jsonl is written from the first step) that holds no checkpoint."""
+    return (run_dir / "metrics.jsonl").is_file() and ckpt_io.latest_checkpoint(run_dir) is None
+
+
 def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     """The training config saved in a run's latest checkpoint, with some fields changed."""
     ckpt = ckpt_io.latest_checkpoint(run_dir)
     if ckpt is None:
-        why = ("no such folder" if not Path(run_dir).exists() else
-               "a run stopped before its first checkpoint leaves nothing to continue: delete the folder and start "
-               "the run again, or start it in another --out_dir")
+        if not Path(run_dir).exists():
+            why = "no such folder"
+        elif _stopped_before_first_checkpoint(Path(run_dir)):
+            why = ("a run stopped before its first checkpoint leaves nothing to continue: delete the folder and "
+                   "start the run again, or start it in another --out_dir")
+        else:
+            why = "not a run folder?"
         raise UserError(f"{run_dir}: no checkpoint to resume from ({why})")
     saved = ckpt_io.read_config(ckpt).get("train")
     if not isinstance(saved, dict):

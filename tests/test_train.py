@@ -305,7 +305,7 @@ def test_a_run_folder_without_a_checkpoint_gets_advice_that_leads_somewhere(tmp_
     data = write_text(tmp_path / "text.txt")
     stopped = tmp_path / "stopped"
     stopped.mkdir()
-    (stopped / "log.jsonl").write_text('{"event": "start"}\n')
+    (stopped / "metrics.jsonl").write_text('{"event": "start"}\n')  # what a run writes from its first step
     cfg = tiny_config(tmp_path, data, out_dir=str(stopped))
     with pytest.raises(UserError, match="no checkpoint") as fresh:
         train(cfg)
@@ -315,4 +315,6 @@ def test_a_run_folder_without_a_checkpoint_gets_advice_that_leads_somewhere(tmp_
     assert "delete the folder" in str(resumed.value)
     with pytest.raises(UserError, match="no such folder"):
         resume_config(tmp_path / "nowhere")
-    assert (stopped / "log.jsonl").read_text() == '{"event": "start"}\n'  # nothing of the user's was touched
+    assert (stopped / "metrics.jsonl").read_text() == '{"event": "start"}\n'  # nothing was touched
+    with pytest.raises(UserError, match="not a run folder"):  # a folder of the user's own: no advice to delete it
+        resume_config(tmp_path)
