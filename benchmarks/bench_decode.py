@@ -19,7 +19,8 @@ Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random
     ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations,
                         the Linears through scratchlm.kernels' compiled gemv where it builds
     ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul, the
-                        library path the kernel replaces (not with --quick)
+                        library path the gemv kernel replaces (attention still through
+                        attend_one, so the row isolates the matmul; not with --quick)
     ours fp32 no-cache  the plain loop of S20 (use_cache=False); one run, no warm-up, at gpt2-124m (slow)
     hf fp32             transformers GPT2LMHeadModel.generate(use_cache=True)
     hf bf16             the same model cast to bfloat16 (not with --quick)
