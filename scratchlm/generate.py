@@ -38,7 +38,7 @@ import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT, CausalSelfAttention, KVCache
-from scratchlm.kernels import gemv_bf16_kernel
+from scratchlm.kernels import cpu_kernels
 
 MAX_NEW_TOKENS_LIMIT = 100_000
 """The most new tokens one call may ask for: far beyond any sensible sample, small enough that a
@@ -199,7 +199,7 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
 def _default_layout(dtype: torch.dtype) -> str:
     if dtype != torch.bfloat16:
         return "in_out"
-    if gemv_bf16_kernel() is not None:
+    if cpu_kernels() is not None:
         return "kernel"
     return "packed" if _mkldnn_packing_available() else "in_out"
 
@@ -239,7 +239,7 @@ class DecodingLinear(nn.Module):
         self.layout = layout
         weight = linear.weight.detach().to(dtype)  # (out, in)
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
-        self.kernel = gemv_bf16_kernel() if layout == "kernel" else None
+        self.kernel = cpu_kernels() if layout == "kernel" else None
         if layout == "kernel" and (self.kernel is None or dtype != torch.bfloat16):
             raise ValueError("the 'kernel' layout needs bfloat16 weights and a compiled scratchlm.kernels")
         if layout == "packed":
@@ -324,7 +324,7 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
         for name, linear in linears.items():
             fast.set_submodule(name, DecodingLinear(linear, dtype, layout))
         fast = fast.float()  # the copy's own tensors only: no Linear of `model` is left in it
-        kernel = gemv_bf16_kernel()
+        kernel = cpu_kernels()
         if kernel is not None:
             for block in fast.transformer.h:
                 block.attn = DecodingAttention.from_attention(block.attn, kernel)

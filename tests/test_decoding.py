@@ -77,11 +77,11 @@ def test_float32_copy_computes_the_models_logits(variant, layout):
 
 def _bf16_layouts() -> list:
     from scratchlm.generate import _mkldnn_packing_available
-    from scratchlm.kernels import gemv_bf16_kernel, kernel_status
+    from scratchlm.kernels import cpu_kernels, kernel_status
 
     return [
         None,  # the default
-        pytest.param("kernel", marks=pytest.mark.skipif(gemv_bf16_kernel() is None, reason=kernel_status())),
+        pytest.param("kernel", marks=pytest.mark.skipif(cpu_kernels() is None, reason=kernel_status())),
         pytest.param("packed", marks=pytest.mark.skipif(not _mkldnn_packing_available(), reason="no oneDNN packing")),
         "in_out",
     ]
@@ -166,12 +166,12 @@ def test_float32_copy_decodes_step_by_step_like_the_model(variant):
     """Cached steps of the decoding copy (its compiled attention where it builds; the model's own
     code for RoPE) against the model's own forward over the whole sequence, at every step."""
     from scratchlm.generate import DecodingAttention
-    from scratchlm.kernels import gemv_bf16_kernel
+    from scratchlm.kernels import cpu_kernels
     from scratchlm.model import KVCache
 
     model = _model(seed=6, **variant)
     fast = decoding_model(model, layout="in_out")
-    assert isinstance(fast.transformer.h[0].attn, DecodingAttention) == (gemv_bf16_kernel() is not None)
+    assert isinstance(fast.transformer.h[0].attn, DecodingAttention) == (cpu_kernels() is not None)
     idx = torch.randint(0, TINY["vocab_size"], (2, TINY["block_size"]), generator=torch.Generator().manual_seed(6))
     cache = KVCache(model.config, 2)
     with torch.no_grad():

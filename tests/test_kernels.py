@@ -15,7 +15,7 @@ from scratchlm import kernels
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
-KERNEL = kernels.gemv_bf16_kernel()
+KERNEL = kernels.cpu_kernels()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"bf16 gemv kernel: {kernels.kernel_status()}")
 
 
@@ -131,7 +131,7 @@ def test_the_portable_loop_matches_a_float64_matmul(tmp_path):
                            *map(str, kernels.SOURCES), "-lm"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
-    portable = kernels.GemvBF16(ctypes.CDLL(str(path)), path)
+    portable = kernels.CpuKernels(ctypes.CDLL(str(path)), path)
     assert not portable.uses_dpbf16
     g = torch.Generator().manual_seed(11)
     for rows, n_out, k in [(1, 300, 37), (3, 2304, 768), (8, 50, 1000)]:

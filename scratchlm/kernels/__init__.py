@@ -12,7 +12,7 @@ one call (scratchlm.generate.DecodingAttention), about 1 ms less per GPT-2-small
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
 or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,
 compiler and CPU, and loaded with ctypes. If there is no compiler, or the build fails, or SCRATCHLM_NO_KERNELS=1 is
-set, `gemv_bf16_kernel()` returns None and callers use PyTorch's own matmul; `kernel_status()`
+set, `cpu_kernels()` returns None and callers use PyTorch's own operations; `kernel_status()`
 says which and why.
 """
 
@@ -36,7 +36,7 @@ SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c")]  # compiled into on
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "kernel": GemvBF16 | None, "reason": str
+_state: dict[str, object] = {}  # "kernel": CpuKernels | None, "reason": str
 
 
 def _cache_dir() -> Path:
@@ -87,10 +87,10 @@ def _build(cc: str) -> Path:
     return target
 
 
-class GemvBF16:
-    """The loaded kernel. `__call__(x, weight, bias)` is F.linear(x, weight, bias) for x of at
+class CpuKernels:
+    """The loaded library. `__call__(x, weight, bias)` is F.linear(x, weight, bias) for x of at
     most `max_rows` rows (float32), weight (out, in) bfloat16, bias float32 or None; the result is
-    float32, the products summed in float32."""
+    float32, the products summed in float32. `attend_one` is a decoding step's attention."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
@@ -153,9 +153,9 @@ class GemvBF16:
         return out
 
 
-def gemv_bf16_kernel() -> GemvBF16 | None:
-    """The compiled kernel, or None where it cannot be had (see `kernel_status`). Builds once per
-    process; the first build on a machine takes about a second."""
+def cpu_kernels() -> CpuKernels | None:
+    """The compiled kernels, or None where they cannot be had (see `kernel_status`). Built once
+    per machine (about half a second), loaded once per process."""
     with _lock:
         if "kernel" not in _state:
             _state["kernel"], _state["reason"] = _load()
@@ -163,13 +163,13 @@ def gemv_bf16_kernel() -> GemvBF16 | None:
 
 
 def kernel_status() -> str:
-    """One line: which bfloat16 decoding kernel is in use, and why."""
-    kernel = gemv_bf16_kernel()
+    """One line: whether the decoding kernels are in use (and which gemv loop), or why not."""
+    kernel = cpu_kernels()
     return str(_state["reason"]) if kernel is None else \
         f"compiled ({'AVX512-BF16' if kernel.uses_dpbf16 else 'portable C'}): {kernel.path}"
 
 
-def _load() -> tuple[GemvBF16 | None, str]:
+def _load() -> tuple[CpuKernels | None, str]:
     if os.environ.get("SCRATCHLM_NO_KERNELS", "") not in ("", "0"):
         return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's matmul"
     if sys.platform != "linux":
@@ -185,6 +185,6 @@ def _load() -> tuple[GemvBF16 | None, str]:
             path.unlink(missing_ok=True)
             path = _build(cc)
             lib = ctypes.CDLL(str(path))
-        return GemvBF16(lib, path), "compiled"
+        return CpuKernels(lib, path), "compiled"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"build failed ({e}): PyTorch's matmul"
