@@ -43,6 +43,7 @@ int scratchlm_attend_one(const float *qkv, float *k_cache, float *v_cache, float
         float top = -INFINITY;
         for (int64_t t = 0; t < n_keys; t++) {  /* scores */
             float s = 0.0f;
+#pragma omp simd reduction(+ : s) /* lets the compiler split the sum into vector lanes */
             for (int64_t d = 0; d < hs; d++) s += q[d] * keys[t * hs + d];
             w[t] = s * scale;
             top = w[t] > top ? w[t] : top;
@@ -55,6 +56,7 @@ int scratchlm_attend_one(const float *qkv, float *k_cache, float *v_cache, float
         for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
         for (int64_t t = 0; t < n_keys; t++) {  /* the weighted sum of values */
             const float p = w[t] / total;
+#pragma omp simd
             for (int64_t d = 0; d < hs; d++) o[d] += p * values[t * hs + d];
         }
         free(w);
