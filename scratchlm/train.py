@@ -591,7 +591,14 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
         torch.set_num_threads(cfg.threads)
     d, device = _setup_processes(cfg)
     try:
-        return _train(cfg, d, device, on_step)
+        result = _train(cfg, d, device, on_step)
+        if d.enabled:
+            import torch.distributed as dist
+
+            # No process may tear the group down while another still has a collective in flight:
+            # gloo then aborts the early one at exit ("terminate called without an active exception").
+            dist.barrier()
+        return result
     finally:
         if d.enabled:
             import torch.distributed as dist
