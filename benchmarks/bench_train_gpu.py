@@ -31,6 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_train_gpu.py`
 
+from benchmarks.bench_train import _SameBatch, batch  # noqa: E402  (the CPU benchmark's fixed batch)
 from scratchlm.config import GPTConfig  # noqa: E402
 from scratchlm.model import GPT  # noqa: E402
 
@@ -52,20 +53,10 @@ def _attention_context(device: torch.device, flash: bool):
     return contextlib.nullcontext()
 
 
-class _SameBatch:
-    """The trainer's batch stream reduced to one fixed batch on the device (loading is not timed)."""
-
-    def __init__(self, x: torch.Tensor, y: torch.Tensor):
-        self.x, self.y = x, y
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x, self.y
-
-
 def _batch(vocab: int, b: int, t: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, vocab, (b, t + 1), generator=g)
-    return ids[:, :-1].contiguous().to(device), ids[:, 1:].contiguous().to(device)  # (b, t) each
+    """bench_train's fixed batch, moved to the device."""
+    x, y = batch(vocab, b, t)
+    return x.to(device), y.to(device)  # (b, t) each
 
 
 def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> tuple[Callable[[], Any], GPT]:
