@@ -194,6 +194,7 @@ def flops_per_token(config: GPTConfig, n_params: int) -> float:
 
 
 def _cache_dir() -> Path:
+    """$SCRATCHLM_CACHE, else ~/.cache/scratchlm (the kernels keep their libraries in kernels/ there)."""
     env = os.environ.get("SCRATCHLM_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "scratchlm"
 

@@ -40,8 +40,9 @@ _state: dict[str, object] = {}  # "kernel": CpuKernels | None, "reason": str
 
 
 def _cache_dir() -> Path:
-    env = os.environ.get("SCRATCHLM_CACHE")
-    return (Path(env) if env else Path.home() / ".cache" / "scratchlm") / "kernels"
+    from scratchlm.train import _cache_dir as cache_root  # the one reading of $SCRATCHLM_CACHE; only at build time
+
+    return cache_root() / "kernels"
 
 
 def _compiler() -> str | None:
