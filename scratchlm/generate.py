@@ -19,7 +19,9 @@ Beam search keeps the `beam_width` most probable partial sequences instead of on
 
 On CPU a decoding step is limited by reading the weights from memory (one row meets every
 matrix), so the steps run on a decoding copy of the model (`decoding_model`): its matrices packed
-once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes.
+once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes. In
+bfloat16, where scratchlm.kernels builds, a one-token step of a pre-norm model is one call to
+compiled code (scratchlm.kernels.decode_step) instead of a few hundred torch operations.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import torch.nn.functional as F
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT, CausalSelfAttention, KVCache
 from scratchlm.kernels import cpu_kernels
+from scratchlm.kernels.decode_step import FusedDecodeStep
 
 MAX_NEW_TOKENS_LIMIT = 100_000
 """The most new tokens one call may ask for: far beyond any sensible sample, small enough that a
@@ -190,7 +193,13 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
     """ids (B, T) -> scores of the next token (B, V), at least float32. Only the last position
     reaches lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product
-    thrown away."""
+    thrown away. A one-token step of a decoding copy with a FusedDecodeStep goes through it when
+    it takes the call."""
+    if kv_cache is not None and idx.shape[1] == 1:
+        step = _FUSED_STEPS.get(model)
+        logits = step(idx, kv_cache) if step is not None else None
+        if logits is not None:
+            return logits
     hidden = model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
     logits = model.lm_head(hidden[:, -1, :])  # (B, V)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
@@ -306,8 +315,11 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     slower on CPU, and the weights are what a step reads. A tied lm_head gets a copy of its own;
     the embedding keeps the (V, C) table, of which a step reads one row. Where scratchlm.kernels
     builds, each block's attention becomes a `DecodingAttention` too (one call per layer for a
-    one-position step). Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`: in float32 it computes the
-    same numbers to rounding; in bfloat16 to bfloat16's precision (about 3 significant digits).
+    one-position step), and in bfloat16 a pre-norm copy gets a `FusedDecodeStep`: its one-token
+    steps, up to the kernel's row limit, run whole in compiled code (see `_last_logits`).
+    Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`:
+    in float32 it computes the same numbers to rounding; in bfloat16 to bfloat16's precision
+    (about 3 significant digits).
     `generate`, `iter_tokens` and `beam_search` build one and reuse it while the weights stay
     unchanged (see `_decoder_for`).
     """
@@ -330,7 +342,16 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
                 block.attn = DecodingAttention.from_attention(block.attn, kernel)
     fast.eval().requires_grad_(False)
     fast.is_decoding_copy = True
+    if device.type == "cpu":
+        step = FusedDecodeStep.build(fast, cpu_kernels())
+        if step is not None:
+            _FUSED_STEPS[fast] = step
     return fast
+
+
+_FUSED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""decoding copy -> its FusedDecodeStep, where the C step covers it. Kept beside the copy rather
+than on it, so a copy of the copy (whose tensors are new) does not inherit raw addresses."""
 
 
 DECODE_DTYPES = (torch.float32, torch.bfloat16)

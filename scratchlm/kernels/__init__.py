@@ -1,13 +1,17 @@
-"""Two small C kernels for decoding on a CPU, compiled on first use: a bfloat16 matrix-vector
-product (gemv_bf16.c) and one new position of attention against the KV cache (attend_one.c).
+"""Small C kernels for decoding on a CPU, compiled on first use: a bfloat16 matrix-vector product
+(gemv_bf16.c), one new position of attention against the KV cache (attend_one.c), and a whole
+decoding step of a pre-norm GPT in one call (decode_step.c), the last two built on the first's dot
+products (bf16_dot.h).
 
 Batch-1 decoding multiplies one row by every weight matrix, so a step costs the time to read the
 weights from memory. bfloat16 weights halve that, but the library paths read them slowly out of
 cache: oneDNN's packed bfloat16 matmul reaches about 12 GB/s on one core of the benchmark machine,
 where a plain streaming read reaches about 27 (see benchmarks/bench_decode.py). `gemv_bf16.c` reads
-each weight row once, in order, and reaches about 20. What is left of a step is small operations,
-and attention is most of them: `attend_one.c` does a layer's attention for one new position in
-one call (scratchlm.generate.DecodingAttention), about 1 ms less per GPT-2-small token.
+each weight row once, in order, and reaches about 20. What is left of a step is small operations:
+attention, norms, activations, residual adds and the calls between them. `attend_one.c` does a
+layer's attention in one call (scratchlm.generate.DecodingAttention, about 1 ms less per
+GPT-2-small token), and `decode_step.c` the whole step (scratchlm.kernels.decode_step, about
+1.5 ms less again), so that a step is little more than the reading of its weights.
 
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
 or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,
@@ -32,7 +36,8 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
-SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c")]  # compiled into one library
+SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
+HEADERS = [Path(__file__).with_name("bf16_dot.h")]  # included by the sources: part of the cache key
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lock = threading.Lock()
@@ -68,7 +73,7 @@ def _build(cc: str) -> Path:
     """Compile SOURCES into one library in the cache (atomically: a finished library or none) and
     return its path."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    texts = [path.read_text() for path in SOURCES]
+    texts = [path.read_text() for path in SOURCES + HEADERS]
     key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
     target = _cache_dir() / f"scratchlm-kernels-{key.hexdigest()[:16]}.so"
     if target.exists():
@@ -103,6 +108,9 @@ class CpuKernels:
         self._attend = lib.scratchlm_attend_one
         self._attend.restype = ctypes.c_int
         self._attend.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
+        self.step_fn = lib.scratchlm_decode_step  # called by decode_step.FusedDecodeStep
+        self.step_fn.restype = ctypes.c_int
+        self.step_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         n_out, k = weight.shape

@@ -1,0 +1,130 @@
+/* The dot products both kernels are built on: one bfloat16 weight row (as nn.Linear stores it,
+ * (out, in) row-major) against up to MAX_ROWS input rows, summed in float32.
+ *
+ * The input is first put in the form the loop reads (`prepare_input`), once per matrix, then
+ * `dot_rows` is called for each weight row. Two versions, chosen when the file is compiled for
+ * the machine at hand:
+ *   - CPUs with AVX512-BF16: the input is rounded to bfloat16 (round to nearest even, as torch's
+ *     .to(torch.bfloat16) and autocast do), 32 values to a vector, and VDPBF16PS multiplies 32
+ *     weight/input pairs and adds them into 16 float32 sums.
+ *   - any other CPU: plain C that widens each bfloat16 weight to float32 (the top 16 bits of a
+ *     float32); the input stays float32 and the compiler vectorises the loop.
+ * Included by gemv_bf16.c and decode_step.c; everything here is static.
+ */
+#ifndef SCRATCHLM_BF16_DOT_H
+#define SCRATCHLM_BF16_DOT_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define MAX_ROWS 8 /* input rows per call; more rows is a matmul, which oneDNN does well */
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
+#include <immintrin.h>
+#define HAVE_DPBF16 1
+
+typedef __m512bh input_t; /* 32 bfloat16 inputs */
+
+/* input_t elements per input row of k values */
+static inline int64_t input_len(int64_t k) { return (k + 31) / 32; }
+
+/* x (m, k) float32 -> xb (m, input_len(k)), each row padded with zeros */
+static inline void prepare_input(const float *x, int64_t m, int64_t k, input_t *xb)
+{
+    const int64_t n_chunks = input_len(k);
+    for (int64_t r = 0; r < m; r++) {
+        const float *row = x + r * k;
+        int64_t c = 0;
+        for (; c < k / 32; c++)
+            xb[r * n_chunks + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(row + c * 32 + 16),
+                                                      _mm512_loadu_ps(row + c * 32));
+        if (c < n_chunks) { /* the last k % 32 values, the rest zero */
+            float lo[16], hi[16];
+            for (int l = 0; l < 16; l++) {
+                int64_t i = c * 32 + l;
+                lo[l] = i < k ? row[i] : 0.0f;
+                hi[l] = i + 16 < k ? row[i + 16] : 0.0f;
+            }
+            xb[r * n_chunks + c] = _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
+        }
+    }
+}
+
+/* sums[r] = w_row . x[r] for r < m */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *xb, int64_t k,
+                                                           float *sums, const int m)
+{
+    const int64_t n_chunks = input_len(k);
+    __m512 acc[MAX_ROWS];
+    for (int r = 0; r < m; r++) acc[r] = _mm512_setzero_ps();
+    int64_t c = 0;
+    for (; c < k / 32; c++) {
+        __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w_row + c * 32));
+        for (int r = 0; r < m; r++) acc[r] = _mm512_dpbf16_ps(acc[r], wv, xb[r * n_chunks + c]);
+    }
+    if (c < n_chunks) { /* the last k % 32 weights; the masked lanes read as zero */
+        __mmask32 mask = (__mmask32)((1ULL << (k % 32)) - 1);
+        __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, (const void *)(w_row + c * 32));
+        for (int r = 0; r < m; r++) acc[r] = _mm512_dpbf16_ps(acc[r], wv, xb[r * n_chunks + c]);
+    }
+    for (int r = 0; r < m; r++) sums[r] = _mm512_reduce_add_ps(acc[r]);
+}
+
+#else
+#define HAVE_DPBF16 0
+
+typedef float input_t;
+
+static inline int64_t input_len(int64_t k) { return k; }
+
+static inline void prepare_input(const float *x, int64_t m, int64_t k, input_t *xb)
+{
+    memcpy(xb, x, (size_t)(m * k) * sizeof(float));
+}
+
+static inline __attribute__((always_inline)) float bf16_to_float(uint16_t v)
+{
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+#define LANES 16
+
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *x, int64_t k,
+                                                           float *sums, const int m)
+{
+    float acc[MAX_ROWS][LANES];
+    for (int r = 0; r < m; r++)
+        for (int l = 0; l < LANES; l++) acc[r][l] = 0.0f;
+    int64_t i = 0;
+    for (; i + LANES <= k; i += LANES)
+        for (int r = 0; r < m; r++)
+            for (int l = 0; l < LANES; l++) acc[r][l] += bf16_to_float(w_row[i + l]) * x[r * k + i + l];
+    for (int r = 0; r < m; r++) {
+        float sum = 0.0f;
+        for (int l = 0; l < LANES; l++) sum += acc[r][l];
+        for (int64_t j = i; j < k; j++) sum += bf16_to_float(w_row[j]) * x[r * k + j];
+        sums[r] = sum;
+    }
+}
+
+#endif
+
+/* SWITCH_ROWS(m, BODY): BODY with the row count M a compile-time constant, so the loops over
+ * rows in dot_rows unroll and the accumulators stay in registers. */
+#define SWITCH_ROWS(m, BODY)                                                                    \
+    switch (m) {                                                                                \
+    case 1: { const int M = 1; BODY; } break;                                                   \
+    case 2: { const int M = 2; BODY; } break;                                                   \
+    case 3: { const int M = 3; BODY; } break;                                                   \
+    case 4: { const int M = 4; BODY; } break;                                                   \
+    case 5: { const int M = 5; BODY; } break;                                                   \
+    case 6: { const int M = 6; BODY; } break;                                                   \
+    case 7: { const int M = 7; BODY; } break;                                                   \
+    case 8: { const int M = 8; BODY; } break;                                                   \
+    default: __builtin_unreachable(); /* callers check 1 <= m <= MAX_ROWS */                    \
+    }
+
+#endif

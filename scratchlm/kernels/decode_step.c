@@ -1,0 +1,238 @@
+/* One whole decoding step of a pre-norm GPT in one call: B sequences (at most MAX_ROWS), one new
+ * token each, from token ids to next-token logits, with every layer's new key and value written
+ * into the KV cache.
+ *
+ * Why: with bfloat16 weights read by gemv_bf16.c, a GPT-2-small step reads 250 MB of weights in
+ * about 8 ms, but the same step through torch modules also spends about 1.5 ms on everything
+ * else: layer norms, activations, residual adds, module calls and 50 separate parallel regions,
+ * each a few microseconds. Here the whole step is one parallel region: the threads share out the
+ * rows of each weight matrix, and wait for each other only where the next stage needs a result
+ * that all of them wrote (5 barriers per layer).
+ *
+ * Per layer, for each sequence (x is the residual stream, (B, C)):
+ *     h   = norm_1(x)                                   each thread, its own copy
+ *     qkv = h W_qkv^T + b                               rows of W_qkv shared out
+ *     att = softmax(q K^T / sqrt(hs)) V per head        heads shared out; RoPE, cache write here
+ *     x  += att W_o^T + b                               rows shared out
+ *     h   = norm_2(x)                                   each thread
+ *     f   = h W_fc^T + b                                rows shared out
+ *     h   = act(f)     (SwiGLU: silu(first half) * second half)   each thread
+ *     x  += h W_proj^T + b                              rows shared out
+ * then logits = norm_f(x) W_head^T + b.
+ *
+ * Products use bf16_dot.h (float32 sums); norms, attention and activations are float32, norm
+ * statistics summed in double. scratchlm/kernels/decode_step.py fills the structs from a decoding
+ * copy of the model (scratchlm.generate.decoding_model).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16_dot.h"
+
+typedef struct {
+    const uint16_t *weight; /* (n_out, k) bfloat16, row-major as nn.Linear keeps it */
+    const float *bias;      /* (n_out,) or NULL */
+    int64_t n_out, k;
+} StepLinear;
+
+typedef struct {
+    const float *norm1_weight, *norm1_bias; /* biases NULL for RMSNorm */
+    const float *norm2_weight, *norm2_bias;
+    StepLinear qkv, attn_out, fc, mlp_out;
+} StepLayer;
+
+enum { NORM_LAYER = 0, NORM_RMS = 1 };
+enum { ACT_RELU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_SWIGLU = 3 };
+
+typedef struct {
+    int64_t n_layer, n_head, head_dim, n_embd, t_max, vocab;
+    int64_t norm, activation; /* NORM_*, ACT_* */
+    double norm_eps;
+    const float *tok_emb;             /* (vocab, C) */
+    const float *pos_emb;             /* (t_max, C) added to each token's row (learned or sinusoidal), or NULL */
+    const float *rope_cos, *rope_sin; /* (t_max, hs / 2) for RoPE, or NULL */
+    const StepLayer *layers;          /* n_layer of them */
+    const float *final_norm_weight, *final_norm_bias;
+    StepLinear head;
+} StepModel;
+
+/* out[r] = norm(x[r]) for each of the B rows of C values */
+static void norm_rows(const StepModel *md, const float *x, float *out, const float *w, const float *b, int64_t B)
+{
+    const int64_t C = md->n_embd;
+    for (int64_t r = 0; r < B; r++) {
+        const float *xr = x + r * C;
+        float *o = out + r * C;
+        if (md->norm == NORM_LAYER) {
+            double sum = 0.0, sq = 0.0;
+            for (int64_t i = 0; i < C; i++) sum += xr[i];
+            const double mean = sum / (double)C;
+            for (int64_t i = 0; i < C; i++) sq += (xr[i] - mean) * (xr[i] - mean);
+            const float fmean = (float)mean, inv = (float)(1.0 / sqrt(sq / (double)C + md->norm_eps));
+            for (int64_t i = 0; i < C; i++) o[i] = (xr[i] - fmean) * inv * w[i] + (b ? b[i] : 0.0f);
+        } else {
+            double sq = 0.0;
+            for (int64_t i = 0; i < C; i++) sq += (double)xr[i] * xr[i];
+            const float inv = (float)(1.0 / sqrt(sq / (double)C + md->norm_eps));
+            for (int64_t i = 0; i < C; i++) o[i] = xr[i] * inv * w[i];
+        }
+    }
+}
+
+/* out (B, n_out) = in (B, k) W^T + b, or out += that when `add`. Called by every thread of the
+ * team: each puts `in` into its own xb, then the rows of W are shared out; the barrier at the end
+ * of the loop means out is complete when any thread returns. */
+static void linear_team(const StepLinear *L, const float *in, input_t *xb, float *out, int64_t B, int add)
+{
+    const int64_t n = L->n_out, k = L->k;
+    prepare_input(in, B, k, xb);
+#pragma omp for schedule(static)
+    for (int64_t o = 0; o < n; o++) {
+        const float bias = L->bias ? L->bias[o] : 0.0f;
+        float sums[MAX_ROWS];
+        SWITCH_ROWS((int)B, {
+            dot_rows(L->weight + o * k, xb, k, sums, M);
+            for (int r = 0; r < M; r++) out[r * n + o] = (add ? out[r * n + o] : 0.0f) + sums[r] + bias;
+        });
+    }
+}
+
+/* The new position's attention for every (sequence, head), shared out among the team: RoPE on
+ * its q and k (in place in qkv), k and v into the cache at pos, then softmax-weighted values over
+ * positions 0..pos into att (B, C). scores: this thread's t_max floats. */
+static void attend_team(const StepModel *md, float *qkv, float *k_cache, float *v_cache, float *att, float *scores,
+                        int64_t B, int64_t pos)
+{
+    const int64_t H = md->n_head, hs = md->head_dim, C = md->n_embd, t_max = md->t_max, half = hs / 2;
+    const float scale = 1.0f / sqrtf((float)hs);
+#pragma omp for schedule(static)
+    for (int64_t bh = 0; bh < B * H; bh++) {
+        const int64_t b = bh / H, h = bh % H;
+        float *q = qkv + b * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+        if (md->rope_cos) { /* rotate each pair (i, i + hs/2) by this position's angle */
+            const float *cs = md->rope_cos + pos * half, *sn = md->rope_sin + pos * half;
+            for (int64_t i = 0; i < half; i++) {
+                const float q1 = q[i], q2 = q[i + half], k1 = k[i], k2 = k[i + half];
+                q[i] = q1 * cs[i] - q2 * sn[i];
+                q[i + half] = q1 * sn[i] + q2 * cs[i];
+                k[i] = k1 * cs[i] - k2 * sn[i];
+                k[i + half] = k1 * sn[i] + k2 * cs[i];
+            }
+        }
+        float *keys = k_cache + bh * t_max * hs, *values = v_cache + bh * t_max * hs;
+        memcpy(keys + pos * hs, k, (size_t)hs * sizeof(float));
+        memcpy(values + pos * hs, v, (size_t)hs * sizeof(float));
+        float top = -INFINITY;
+        for (int64_t t = 0; t <= pos; t++) {
+            float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+            for (int64_t d = 0; d < hs; d++) s += q[d] * keys[t * hs + d];
+            scores[t] = s * scale;
+            top = scores[t] > top ? scores[t] : top;
+        }
+        float total = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            scores[t] = expf(scores[t] - top);
+            total += scores[t];
+        }
+        float *o = att + b * C + h * hs;
+        for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
+        for (int64_t t = 0; t <= pos; t++) {
+            const float p = scores[t] / total;
+#pragma omp simd
+            for (int64_t d = 0; d < hs; d++) o[d] += p * values[t * hs + d];
+        }
+    }
+}
+
+/* h = act(f), f (B, width); SwiGLU halves the width */
+static void activate(const float *f, float *h, int64_t B, int64_t width, int64_t act)
+{
+    if (act == ACT_SWIGLU) {
+        const int64_t half = width / 2;
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t i = 0; i < half; i++) {
+                const float gate = f[r * width + i];
+                h[r * half + i] = gate / (1.0f + expf(-gate)) * f[r * width + half + i];
+            }
+        return;
+    }
+    for (int64_t i = 0; i < B * width; i++) {
+        const float x = f[i];
+        if (act == ACT_RELU)
+            h[i] = x > 0.0f ? x : 0.0f;
+        else if (act == ACT_GELU)
+            h[i] = 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
+        else /* tanh form: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))) */
+            h[i] = 0.5f * x * (1.0f + tanhf(0.79788456080286536f * (x + 0.044715f * x * x * x)));
+    }
+}
+
+static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* ids (B,) -> logits (B, vocab). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32, positions
+ * 0..pos-1 filled; position pos is written. Returns 0, -1 for a failed allocation, -2 for
+ * arguments out of range (B, pos, an id); nothing is written then. */
+int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t pos, float *k_cache,
+                          float *v_cache, float *logits, int n_threads)
+{
+    if (B < 1 || B > MAX_ROWS || pos < 0 || pos >= md->t_max) return -2;
+    for (int64_t r = 0; r < B; r++)
+        if (ids[r] < 0 || ids[r] >= md->vocab) return -2;
+    const int64_t C = md->n_embd, H = md->n_head, hs = md->head_dim;
+    int64_t widest = max64(C, md->head.k), fc_width = 0;
+    for (int64_t l = 0; l < md->n_layer; l++) {
+        const StepLayer *L = md->layers + l;
+        widest = max64(widest, max64(max64(L->qkv.k, L->attn_out.k), max64(L->fc.k, L->mlp_out.k)));
+        fc_width = max64(fc_width, L->fc.n_out);
+    }
+    widest = max64(widest, fc_width);
+    float *x = malloc((size_t)(B * C) * sizeof(float)), *qkv = malloc((size_t)(B * 3 * C) * sizeof(float));
+    float *att = malloc((size_t)(B * C) * sizeof(float)), *f = malloc((size_t)(B * fc_width) * sizeof(float));
+    int failed = !x || !qkv || !att || !f;
+    if (!failed)
+        for (int64_t r = 0; r < B; r++)
+            for (int64_t i = 0; i < C; i++)
+                x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[pos * C + i] : 0.0f);
+    const size_t xb_bytes = ((size_t)(B * input_len(widest)) * sizeof(input_t) + 63) / 64 * 64;
+    const int64_t per_layer = B * H * md->t_max * hs;
+
+#pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1) if (!failed)
+    {
+        float *h = malloc((size_t)(B * widest) * sizeof(float)), *scores = malloc((size_t)md->t_max * sizeof(float));
+        input_t *xb = aligned_alloc(64, xb_bytes);
+        if (!h || !scores || !xb) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp barrier
+        int stopped;
+#pragma omp atomic read
+        stopped = failed;
+        if (!stopped) { /* the same for every thread, so all of them meet the same barriers */
+            for (int64_t l = 0; l < md->n_layer; l++) {
+                const StepLayer *L = md->layers + l;
+                norm_rows(md, x, h, L->norm1_weight, L->norm1_bias, B);
+                linear_team(&L->qkv, h, xb, qkv, B, 0);
+                attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, scores, B, pos);
+                linear_team(&L->attn_out, att, xb, x, B, 1);
+                norm_rows(md, x, h, L->norm2_weight, L->norm2_bias, B);
+                linear_team(&L->fc, h, xb, f, B, 0);
+                activate(f, h, B, L->fc.n_out, md->activation);
+                linear_team(&L->mlp_out, h, xb, x, B, 1);
+            }
+            norm_rows(md, x, h, md->final_norm_weight, md->final_norm_bias, B);
+            linear_team(&md->head, h, xb, logits, B, 0);
+        }
+        free(h);
+        free(scores);
+        free(xb);
+    }
+    free(x);
+    free(qkv);
+    free(att);
+    free(f);
+    return failed ? -1 : 0;
+}

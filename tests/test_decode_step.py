@@ -1,0 +1,192 @@
+"""The compiled decoding step (scratchlm/kernels/decode_step.c through
+scratchlm.kernels.decode_step.FusedDecodeStep): a whole one-token step of a pre-norm GPT in one
+call. Checked at every position of a sequence against the model's own full forward over the whole
+prefix, on weights (and matmul inputs) rounded to bfloat16 by hand (tests/test_decoding.py's
+reference), so a wrong norm, activation, position, head split or cache write shows in the logits.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from scratchlm import kernels
+from scratchlm.config import GPTConfig
+from scratchlm.generate import _FUSED_STEPS, decoding_model, generate_ids
+from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
+from scratchlm.model import GPT, KVCache
+
+
+KERNEL = kernels.cpu_kernels()
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
+              pytest.mark.skipif(KERNEL is None, reason=f"decoding kernels: {kernels.kernel_status()}")]
+
+TINY = dict(vocab_size=40, block_size=12, n_layer=2, n_head=2, n_embd=32)
+FUSED_VARIANTS = {
+    "gpt2": dict(pos_embedding="learned", activation="gelu_tanh", tie_weights=True, qkv_bias=True, lm_head_bias=False),
+    "llama": dict(pos_embedding="rope", norm="rmsnorm", activation="swiglu", mlp_bias=False, proj_bias=False,
+                  lm_head_bias=False),
+    "sinusoidal-gelu": dict(pos_embedding="sinusoidal", activation="gelu", norm_eps=1e-2),
+    # widths that are not multiples of 32 (the vector tails) and five heads of 8
+    "odd-widths-relu": dict(n_embd=40, n_head=5, n_inner=72, activation="relu", vocab_size=37),
+}
+
+
+def _model(seed: int, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**TINY, **overrides})).eval()
+    with torch.no_grad():  # unit-scale embeddings; norm parameters and biases away from 1 and 0
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+        for name, p in model.named_parameters():
+            if ".ln_" in name or name.startswith("transformer.ln_f") or name.endswith(".bias"):
+                p.add_(torch.randn_like(p) * 0.3)  # biases too, which start at zero
+    return model
+
+
+def _reference(model: GPT, round_inputs: bool) -> GPT:
+    """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and each
+    Linear's input rounded too when `round_inputs` (as VDPBF16PS sees it; the portable loop keeps
+    float32 inputs)."""
+    ref = GPT(model.config).eval()
+    ref.load_state_dict(model.state_dict())
+    if model.config.tie_weights:  # the decoding copy's lm_head is rounded, its embedding table is not
+        ref.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
+    for module in ref.modules():
+        if isinstance(module, torch.nn.Linear):
+            with torch.no_grad():
+                module.weight.copy_(module.weight.bfloat16().float())
+                if module.bias is not None:
+                    module.bias.copy_(module.bias.bfloat16().float())
+            if round_inputs:
+                module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
+    return ref
+
+
+def _steps(model: GPT, step: FusedDecodeStep, idx: torch.Tensor, prompt: int, round_inputs: bool = True):
+    """(fused logits, reference logits, float32 model logits) at every position after the prompt."""
+    fast = decoding_model(model, "bfloat16")
+    ref = _reference(model, round_inputs)
+    cache = KVCache(model.config, idx.shape[0])
+    out = []
+    with torch.no_grad():
+        fast.forward_hidden(idx[:, :prompt], kv_cache=cache)  # the prompt through the model's code
+        for n in range(prompt, idx.shape[1]):
+            got = step(idx[:, n : n + 1], cache)
+            assert got is not None and cache.length == n + 1
+            want = ref.lm_head(ref.forward_hidden(idx[:, : n + 1]))[:, -1]
+            full = model.lm_head(model.forward_hidden(idx[:, : n + 1]))[:, -1]
+            out.append((got, want, full))
+    return out
+
+
+def _check(steps) -> None:
+    for got, want, full in steps:
+        scale = full.abs().max()
+        off_ref = (got - want).abs().max()
+        off_full = (got - full).abs().max()
+        # bfloat16 for real (clearly off the float32 model) and what the by-hand rounding gives,
+        # up to float32 summation order and the odd input rounded the other way
+        assert off_full > 1e-3 * scale
+        assert off_ref <= 2e-3 * scale, (off_ref, off_full, scale)
+
+
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+@pytest.mark.parametrize("batch", [1, 3])
+def test_each_step_matches_the_model_on_rounded_weights(name, batch):
+    model = _model(1, **FUSED_VARIANTS[name])
+    fast = decoding_model(model, "bfloat16")
+    step = _FUSED_STEPS.get(fast)
+    assert step is not None, unsupported(fast)
+    V = model.config.vocab_size
+    idx = torch.randint(0, V, (batch, TINY["block_size"]), generator=torch.Generator().manual_seed(batch))
+    _check(_steps(model, step, idx, prompt=2))
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+def test_two_threads_share_the_work_and_get_the_same_result(name):
+    model = _model(2, **FUSED_VARIANTS[name])
+    step = _FUSED_STEPS[decoding_model(model, "bfloat16")]
+    idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(0))
+    torch.set_num_threads(2)  # the fixture puts it back
+    _check(_steps(model, step, idx, prompt=1))
+
+
+def test_the_portable_loop_matches_too(tmp_path):
+    """The library compiled without AVX512-BF16 (what other CPUs get): float32 inputs."""
+    path = tmp_path / "portable.so"
+    done = subprocess.run([kernels._compiler(), *kernels.FLAGS, "-mno-avx512bf16", "-o", str(path),
+                           *map(str, kernels.SOURCES), "-lm"], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    portable = kernels.CpuKernels(ctypes.CDLL(str(path)), path)
+    assert not portable.uses_dpbf16
+    model = _model(3, **FUSED_VARIANTS["gpt2"])
+    step = FusedDecodeStep(decoding_model(model, "bfloat16"), portable)
+    idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(3))
+    _check(_steps(model, step, idx, prompt=3, round_inputs=False))
+
+
+def test_models_and_calls_it_does_not_take_go_the_usual_way():
+    post = decoding_model(_model(4, norm_position="post"), "bfloat16")
+    assert unsupported(post) == "post-norm blocks" and post not in _FUSED_STEPS
+    assert decoding_model(_model(4), "float32") not in _FUSED_STEPS  # float32 weights: no kernel layout
+    model = _model(4, **FUSED_VARIANTS["gpt2"])
+    fast = decoding_model(model, "bfloat16")
+    step = _FUSED_STEPS[fast]
+    V, block = model.config.vocab_size, model.config.block_size
+
+    def declined(idx, cache) -> bool:
+        cache.k.zero_(), cache.v.zero_()  # torch.empty may hold NaNs, which equal nothing
+        k, v, length = cache.k.clone(), cache.v.clone(), cache.length
+        result = step(idx, cache)
+        untouched = torch.equal(k, cache.k) and torch.equal(v, cache.v) and cache.length == length
+        return result is None and untouched
+
+    rows = KERNEL.max_rows + 1
+    cache = KVCache(model.config, rows)
+    cache.length = 1
+    assert declined(torch.zeros(rows, 1, dtype=torch.long), cache)  # more rows than the kernel takes
+    cache = KVCache(model.config, 1)
+    cache.length = 1
+    assert declined(torch.tensor([[V]]), cache)  # an id outside the vocabulary
+    assert declined(torch.tensor([[-1]]), cache)
+    assert declined(torch.tensor([[1, 2]]), cache)  # two positions
+    assert declined(torch.tensor([[1]]), KVCache(model.config, 2))  # a cache for another batch
+    cache64 = KVCache(model.config, 1, dtype=torch.float64)
+    cache64.length = 1
+    assert declined(torch.tensor([[1]]), cache64)
+    cache.length = block
+    assert declined(torch.tensor([[1]]), cache)  # a full cache
+    from scratchlm.generate import _last_logits
+
+    with pytest.raises(IndexError):  # declined, so the model's own path reports the bad id
+        _last_logits(fast, torch.tensor([[V]]), KVCache(model.config, 1))
+
+
+def test_generation_uses_it_and_keeps_greedy_tokens():
+    """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
+    path), agree: same argmax at every step for a model whose choices are clear."""
+    from scratchlm import generate as gen
+
+    model = _model(5, **FUSED_VARIANTS["gpt2"])
+    idx = torch.tensor([[3, 1, 4]])
+    ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
+    copy = gen._decoder_for(model, 8, torch.bfloat16)  # the copy generate_ids will reuse
+    step = gen._FUSED_STEPS[copy]
+    calls = []
+
+    def counting(idx, cache):
+        out = step(idx, cache)
+        calls.append(out is not None)
+        return out
+
+    gen._FUSED_STEPS[copy] = counting
+    try:
+        ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
+    finally:
+        gen._FUSED_STEPS[copy] = step
+    assert calls == [True] * 7  # every step after the prompt went through it
+    assert torch.equal(ids, ids_plain)
