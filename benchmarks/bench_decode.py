@@ -16,11 +16,12 @@ not weights, so the limit is slightly optimistic and the fraction slightly pessi
 Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random weights:
 
     ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy)
-    ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations,
-                        the Linears through scratchlm.kernels' compiled gemv where it builds
-    ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul, the
-                        library path the gemv kernel replaces (attention still through
-                        attend_one, so the row isolates the matmul; not with --quick)
+    ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations;
+                        where scratchlm.kernels builds, each step after the prompt is one call to
+                        the compiled decode_step.c (the prompt goes through the model's modules)
+    ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul through
+                        the model's modules, the library path the kernels replace (attention still
+                        through attend_one; not with --quick)
     ours fp32 no-cache  the plain loop of S20 (use_cache=False); one run, no warm-up, at gpt2-124m (slow)
     hf fp32             transformers GPT2LMHeadModel.generate(use_cache=True)
     hf bf16             the same model cast to bfloat16 (not with --quick)
