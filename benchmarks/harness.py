@@ -238,10 +238,27 @@ def _target_rows(results: dict[str, Any]) -> list[tuple[str, str, str, str]]:
     return rows
 
 
+def _provenance(results: dict[str, Any]) -> str:
+    """Which command (at which commit) produced the figures now in the file, benchmark by
+    benchmark: a file merged from several runs says where each part came from."""
+    by = results.get("produced_by")
+    if not by:  # a file from before produced_by was kept: all that is known is the last command
+        return f"Command: `{results['command']}`."
+    groups: dict[tuple[str, str], list[str]] = {}
+    for name in results["benchmarks"]:
+        source = by.get(name, {"command": None, "commit": None})
+        groups.setdefault((source["command"], source["commit"]), []).append(name)
+    if len(groups) == 1 and None not in next(iter(groups)):
+        ((command, _),) = groups
+        return f"Command: `{command}`."
+    return "Figures from several runs merged into one file: " + "; ".join(
+        f"{', '.join(names)} by " + (f"`{command}` at commit {commit}" if command else "an earlier run, not recorded")
+        for (command, commit), names in groups.items()) + "."
+
+
 def markdown(results: dict[str, Any]) -> str:
     """The results as markdown: the machine, one table of figures, one table of targets."""
     m = results["machine"]
-    commands = results.get("commands") or [results["command"]]
     load = ", ".join(f"{x:.1f}" for x in m["load_average"])
     lines = [
         f"Measured {results['date']} on `{m['host']}`: {m['cpu']}, {m['cores']} cores, torch {m['torch']}"
@@ -249,8 +266,7 @@ def markdown(results: dict[str, Any]) -> str:
         + f", {m['threads']} torch threads, default dtype {m['default_dtype']}"
         + (f", GPU {m['cuda']}" if m.get("cuda") else "")
         + f"; load average {load} when the last run started (commit {m.get('commit') or '?'}). "
-        + "Command" + ("s (merged into one file)" if len(commands) > 1 else "") + ": "
-        + "; ".join(f"`{c}`" for c in commands) + ".",
+        + _provenance(results),
         "",
         "| benchmark | what | best | median | unit |",
         "|---|---|---:|---:|---|",
@@ -344,11 +360,13 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = json.loads(path.read_text()) if path.exists() else {"benchmarks": {}}
     command = "python -m benchmarks " + " ".join(sys.argv[1:] if argv is None else argv)
     results.update(date=date, machine=info, command=command)
-    results.setdefault("commands", []).append(command)
+    results.pop("commands", None)  # the history of an older file; produced_by says what counts
     earlier = dict(results["benchmarks"])
 
     def save(done: dict[str, Any]) -> None:  # after every benchmark, so a cut-short run keeps its figures
         merged = {**earlier, **done}
+        produced = results.setdefault("produced_by", {})
+        produced.update({n: {"command": command, "commit": info.get("commit") or "?"} for n in done})
         results["benchmarks"] = {n: merged[n] for n in BENCHMARKS if n in merged}
         results["finished"] = dt.datetime.now().isoformat(timespec="seconds")
         RESULTS.mkdir(parents=True, exist_ok=True)

@@ -160,3 +160,16 @@ def test_decode_limits_pair_each_run_with_its_own_bandwidth():
         ("decode gpt2-124m, 2 thr", "bf16 strict limit: 50.0 GB/s, the run's best read / 250 MB per token "
                                     "(ours at 45%)", "", "200.0", "tok/s")]
     assert limits(250_000_000, 90.0, [], 50.0)["fraction"] == pytest.approx(0.45)  # no probes: the strict share
+
+
+def test_a_merged_file_says_which_run_made_which_figures():
+    results = _fake_results()
+    assert "Command: `python -m benchmarks --only decode prepare`." in harness.markdown(results)  # no record kept
+    results["produced_by"] = {"decode": {"command": "python -m benchmarks --only decode", "commit": "aaa1111"},
+                              "prepare": {"command": "python -m benchmarks", "commit": "bbb2222"}}
+    first = harness.markdown(results).splitlines()[0]
+    assert "decode by `python -m benchmarks --only decode` at commit aaa1111" in first
+    assert "prepare by `python -m benchmarks` at commit bbb2222" in first
+    assert "train by an earlier run, not recorded" in first
+    results["produced_by"] = {n: {"command": "python -m benchmarks", "commit": "ccc"} for n in results["benchmarks"]}
+    assert "Command: `python -m benchmarks`." in harness.markdown(results)
