@@ -206,10 +206,10 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
 
 
 def _default_layout(dtype: torch.dtype) -> str:
-    if dtype != torch.bfloat16:
-        return "in_out"
     if cpu_kernels() is not None:
         return "kernel"
+    if dtype != torch.bfloat16:
+        return "in_out"
     return "packed" if _mkldnn_packing_available() else "in_out"
 
 
@@ -230,11 +230,11 @@ class DecodingLinear(nn.Module):
     speed of reading the weights from memory, and bfloat16 weights halve what is read. On CPU,
     nn.Linear's (out, in) layout is read slowly for a single row, and in bfloat16 oneDNN even
     repacks the whole matrix on every call. So the layout depends on what reads it:
-      - "kernel" (bfloat16, where scratchlm.kernels compiles): W stays (out, in) and a few rows go
-        through the compiled gemv_bf16 kernel, which streams each weight row once; more rows (a
-        prompt) go through PyTorch's matmul on the same weights.
+      - "kernel" (where scratchlm.kernels compiles): W stays (out, in) and a few rows go
+        through the compiled gemv kernel (bfloat16 or float32), which streams each weight row
+        once; more rows (a prompt) go through PyTorch's matmul on the same weights.
       - "packed" (bfloat16 otherwise): oneDNN's own blocked layout, packed once.
-      - "in_out" (float32): transposed to (in, out), which MKL reads fast for one row.
+      - "in_out" (float32 otherwise): transposed to (in, out), which MKL reads fast for one row.
     In bfloat16 the input is rounded to bfloat16 and the products summed in float32, as under
     autocast.
     """
@@ -246,11 +246,11 @@ class DecodingLinear(nn.Module):
         if layout is None:
             layout = _default_layout(dtype)
         self.layout = layout
-        weight = linear.weight.detach().to(dtype)  # (out, in)
+        weight = linear.weight.detach().to(dtype, copy=True)  # (out, in), never the model's own storage
         self.bias = None if linear.bias is None else linear.bias.detach().to(dtype).clone()
         self.kernel = cpu_kernels() if layout == "kernel" else None
-        if layout == "kernel" and (self.kernel is None or dtype != torch.bfloat16):
-            raise ValueError("the 'kernel' layout needs bfloat16 weights and a compiled scratchlm.kernels")
+        if layout == "kernel" and (self.kernel is None or dtype not in (torch.bfloat16, torch.float32)):
+            raise ValueError("the 'kernel' layout needs bfloat16 or float32 weights and a compiled scratchlm.kernels")
         if layout == "packed":
             self.weight = torch.ops.mkldnn._reorder_linear_weight(weight, 1)  # opaque blocked layout
         elif layout == "kernel":

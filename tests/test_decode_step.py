@@ -66,10 +66,12 @@ def _reference(model: GPT, round_inputs: bool) -> GPT:
     return ref
 
 
-def _steps(model: GPT, step: FusedDecodeStep, idx: torch.Tensor, prompt: int, round_inputs: bool = True):
-    """(fused logits, reference logits, float32 model logits) at every position after the prompt."""
-    fast = decoding_model(model, "bfloat16")
-    ref = _reference(model, round_inputs)
+def _steps(model: GPT, step: FusedDecodeStep, idx: torch.Tensor, prompt: int, round_inputs: bool = True,
+           dtype: str = "bfloat16"):
+    """(fused logits, reference logits, float32 model logits) at every position after the prompt;
+    in float32 the reference is the model itself."""
+    fast = decoding_model(model, dtype)
+    ref = _reference(model, round_inputs) if dtype == "bfloat16" else model
     cache = KVCache(model.config, idx.shape[0])
     out = []
     with torch.no_grad():
@@ -106,13 +108,28 @@ def test_each_step_matches_the_model_on_rounded_weights(name, batch):
     _check(_steps(model, step, idx, prompt=2))
 
 
+@pytest.mark.parametrize("name", FUSED_VARIANTS)
+@pytest.mark.parametrize("batch", [1, 2])
+def test_float32_steps_match_the_model(name, batch):
+    model = _model(7, **FUSED_VARIANTS[name])
+    fast = decoding_model(model, "float32")
+    step = _FUSED_STEPS.get(fast)
+    assert step is not None, unsupported(fast)
+    idx = torch.randint(0, model.config.vocab_size, (batch, TINY["block_size"]),
+                        generator=torch.Generator().manual_seed(batch))
+    for got, want, full in _steps(model, step, idx, prompt=2, dtype="float32"):
+        assert want is not None and torch.equal(want, full)
+        torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_two_threads_share_the_work_and_get_the_same_result(name):
     model = _model(2, **FUSED_VARIANTS[name])
-    step = _FUSED_STEPS[decoding_model(model, "bfloat16")]
     idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(0))
     torch.set_num_threads(2)  # the fixture puts it back
-    _check(_steps(model, step, idx, prompt=1))
+    _check(_steps(model, _FUSED_STEPS[decoding_model(model, "bfloat16")], idx, prompt=1))
+    for got, _, full in _steps(model, _FUSED_STEPS[decoding_model(model, "float32")], idx, prompt=1, dtype="float32"):
+        torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
 
 
 def test_the_portable_loop_matches_too(tmp_path):
@@ -132,7 +149,7 @@ def test_the_portable_loop_matches_too(tmp_path):
 def test_models_and_calls_it_does_not_take_go_the_usual_way():
     post = decoding_model(_model(4, norm_position="post"), "bfloat16")
     assert unsupported(post) == "post-norm blocks" and post not in _FUSED_STEPS
-    assert decoding_model(_model(4), "float32") not in _FUSED_STEPS  # float32 weights: no kernel layout
+    assert decoding_model(_model(4), "float32", layout="in_out") not in _FUSED_STEPS  # not the kernel layout
     model = _model(4, **FUSED_VARIANTS["gpt2"])
     fast = decoding_model(model, "bfloat16")
     step = _FUSED_STEPS[fast]

@@ -59,14 +59,22 @@ def _bf16_reference(model: GPT, round_output: bool = True) -> GPT:
     return ref
 
 
+def _float32_layouts() -> list:
+    from scratchlm.kernels import cpu_kernels, kernel_status
+
+    kernel = pytest.param("kernel", marks=pytest.mark.skipif(cpu_kernels() is None, reason=kernel_status()))
+    return [None, kernel, "packed", "in_out"]
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("layout", ["packed", "in_out"])
-def test_float32_copy_computes_the_models_logits(variant, layout):
+@pytest.mark.parametrize("layout", _float32_layouts())
+@pytest.mark.parametrize("rows", [11, 1])  # a prompt; one position (through the kernel where it builds)
+def test_float32_copy_computes_the_models_logits(variant, layout, rows):
     model = _model(**variant)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     fast = decoding_model(model, layout=layout)
     assert all(isinstance(m, DecodingLinear) for m in (fast.lm_head, fast.transformer.h[0].attn.c_attn))
-    idx = torch.randint(0, TINY["vocab_size"], (3, 11), generator=torch.Generator().manual_seed(1))
+    idx = torch.randint(0, TINY["vocab_size"], (3, rows), generator=torch.Generator().manual_seed(1))
     torch.testing.assert_close(_logits(fast, idx), _logits(model, idx), atol=1e-5, rtol=1e-5)
     # the original is untouched and shares nothing with the copy
     assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())

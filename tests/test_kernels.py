@@ -31,13 +31,17 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("n_out, k", [(96, 64), (50, 37), (7, 1000), (300, 31), (2304, 768)])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_gemv_matches_a_float64_matmul(rows, n_out, k, with_bias):
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_gemv_matches_a_float64_matmul(rows, n_out, k, with_bias, dtype):
     g = torch.Generator().manual_seed(rows * 1000 + k)
-    weight = torch.randn(n_out, k, generator=g).bfloat16()
+    weight = torch.randn(n_out, k, generator=g).to(dtype)
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(n_out, generator=g) if with_bias else None
     got = KERNEL(x, weight, bias)
-    want = _reference(x, weight, bias)
+    if dtype == torch.float32:  # float32 weights: the input is not rounded
+        want = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
+    else:
+        want = _reference(x, weight, bias)
     assert got.dtype == torch.float32 and got.shape == (rows, n_out)
     # float32 sums of k products of size ~1: a few float32 ulps of sqrt(k)
     torch.testing.assert_close(got.double(), want, atol=2e-6 * k ** 0.5 * 4, rtol=1e-5)
@@ -67,8 +71,8 @@ def test_gemv_rejects_what_it_cannot_compute():
         KERNEL(torch.randn(KERNEL.max_rows + 1, 32), weight)
     with pytest.raises(ValueError, match="at most"):
         KERNEL(torch.randn(1, 31), weight)
-    with pytest.raises(ValueError, match="bfloat16"):
-        KERNEL(torch.randn(1, 32), weight.float())
+    with pytest.raises(ValueError, match="bfloat16 or float32"):
+        KERNEL(torch.randn(1, 32), weight.double())
     with pytest.raises(ValueError, match="bfloat16"):
         KERNEL(torch.randn(1, 32), torch.randn(32, 16).bfloat16().t())  # (16, 32), not contiguous
     with pytest.raises(ValueError, match="bias"):

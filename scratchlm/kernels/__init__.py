@@ -95,14 +95,17 @@ def _build(cc: str) -> Path:
 
 class CpuKernels:
     """The loaded library. `__call__(x, weight, bias)` is F.linear(x, weight, bias) for x of at
-    most `max_rows` rows (float32), weight (out, in) bfloat16, bias float32 or None; the result is
-    float32, the products summed in float32. `attend_one` is a decoding step's attention."""
+    most `max_rows` rows (float32), weight (out, in) bfloat16 or float32, bias float32 or None; the
+    result is float32, the products summed in float32. `attend_one` is a decoding step's attention."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path):
         self.path = path
         self._fn = lib.scratchlm_gemv_bf16
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
+        self._fn_f32 = lib.scratchlm_gemv_f32
+        self._fn_f32.restype = ctypes.c_int
+        self._fn_f32.argtypes = self._fn.argtypes
         self.max_rows = lib.scratchlm_gemv_max_rows()
         self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
         self._attend = lib.scratchlm_attend_one
@@ -119,8 +122,9 @@ class CpuKernels:
         if not (1 <= m <= self.max_rows):
             raise ValueError(f"gemv_bf16: x of shape {tuple(x.shape)} does not fit weight {tuple(weight.shape)} "
                              f"with at most {self.max_rows} rows")
-        if weight.dtype != torch.bfloat16 or not weight.is_contiguous() or weight.device.type != "cpu":
-            raise ValueError("gemv_bf16: weight must be a contiguous bfloat16 CPU tensor")
+        if weight.dtype not in (torch.bfloat16, torch.float32) or not weight.is_contiguous() \
+                or weight.device.type != "cpu":
+            raise ValueError("gemv_bf16: weight must be a contiguous bfloat16 or float32 CPU tensor")
         x2 = x.reshape(m, k).to(torch.float32).contiguous()
         if bias is not None:
             bias = bias.to(torch.float32).contiguous()
@@ -135,12 +139,12 @@ class CpuKernels:
         n_out, k = weight.shape
         y = torch.empty(m, n_out)
         parallel = n_out * k >= 1 << 16  # below that, starting the second thread costs more than it saves
-        rc = self._fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
+        fn = self._fn if weight.dtype == torch.bfloat16 else self._fn_f32
+        rc = fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
                       m, n_out, k, parallel)
         if rc != 0:
             raise MemoryError("gemv_bf16: out of memory")
         return y
-
 
     def attend_one(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
                    n_head: int) -> torch.Tensor:

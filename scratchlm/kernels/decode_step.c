@@ -3,8 +3,8 @@
  * into the KV cache.
  *
  * Why: with bfloat16 weights read by gemv_bf16.c, a GPT-2-small step reads 250 MB of weights in
- * about 8 ms, but the same step through torch modules also spends about 1.5 ms on everything
- * else: layer norms, activations, residual adds, module calls and 50 separate parallel regions,
+ * about 8 ms (float32 weights: 500 MB), but the same step through torch modules also spends about
+ * 1.5 ms on everything else: layer norms, activations, residual adds, module calls and 50 separate parallel regions,
  * each a few microseconds. Here the whole step is one parallel region: the threads share out the
  * rows of each weight matrix, and wait for each other only where the next stage needs a result
  * that all of them wrote (5 barriers per layer).
@@ -20,7 +20,7 @@
  *     x  += h W_proj^T + b                              rows shared out
  * then logits = norm_f(x) W_head^T + b.
  *
- * Products use bf16_dot.h (float32 sums); norms, attention and activations are float32, norm
+ * Products use bf16_dot.h (float32 sums; the weights bfloat16, or float32 when weights_f32); norms, attention and activations are float32, norm
  * statistics summed in double. scratchlm/kernels/decode_step.py fills the structs from a decoding
  * copy of the model (scratchlm.generate.decoding_model).
  */
@@ -32,7 +32,7 @@
 #include "bf16_dot.h"
 
 typedef struct {
-    const uint16_t *weight; /* (n_out, k) bfloat16, row-major as nn.Linear keeps it */
+    const void *weight;     /* (n_out, k) bfloat16 (or float32: StepModel.weights_f32), as nn.Linear keeps it */
     const float *bias;      /* (n_out,) or NULL */
     int64_t n_out, k;
 } StepLinear;
@@ -49,6 +49,7 @@ enum { ACT_RELU = 0, ACT_GELU = 1, ACT_GELU_TANH = 2, ACT_SWIGLU = 3 };
 typedef struct {
     int64_t n_layer, n_head, head_dim, n_embd, t_max, vocab;
     int64_t norm, activation; /* NORM_*, ACT_* */
+    int64_t weights_f32;      /* 1: every StepLinear's weight is float32, else bfloat16 */
     double norm_eps;
     const float *tok_emb;             /* (vocab, C) */
     const float *pos_emb;             /* (t_max, C) added to each token's row (learned or sinusoidal), or NULL */
@@ -84,16 +85,19 @@ static void norm_rows(const StepModel *md, const float *x, float *out, const flo
 /* out (B, n_out) = in (B, k) W^T + b, or out += that when `add`. Called by every thread of the
  * team: each puts `in` into its own xb, then the rows of W are shared out; the barrier at the end
  * of the loop means out is complete when any thread returns. */
-static void linear_team(const StepLinear *L, const float *in, input_t *xb, float *out, int64_t B, int add)
+static void linear_team(const StepLinear *L, const float *in, input_t *xb, float *out, int64_t B, int add, int f32)
 {
     const int64_t n = L->n_out, k = L->k;
-    prepare_input(in, B, k, xb);
+    if (!f32) prepare_input(in, B, k, xb);
 #pragma omp for schedule(static)
     for (int64_t o = 0; o < n; o++) {
         const float bias = L->bias ? L->bias[o] : 0.0f;
         float sums[MAX_ROWS];
         SWITCH_ROWS((int)B, {
-            dot_rows(L->weight + o * k, xb, k, sums, M);
+            if (f32)
+                dot_rows_f32((const float *)L->weight + o * k, in, k, sums, M);
+            else
+                dot_rows((const uint16_t *)L->weight + o * k, xb, k, sums, M);
             for (int r = 0; r < M; r++) out[r * n + o] = (add ? out[r * n + o] : 0.0f) + sums[r] + bias;
         });
     }
@@ -196,6 +200,7 @@ int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, in
         for (int64_t r = 0; r < B; r++)
             for (int64_t i = 0; i < C; i++)
                 x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[pos * C + i] : 0.0f);
+    const int f32 = md->weights_f32 != 0;
     const size_t xb_bytes = ((size_t)(B * input_len(widest)) * sizeof(input_t) + 63) / 64 * 64;
     const int64_t per_layer = B * H * md->t_max * hs;
 
@@ -215,16 +220,16 @@ int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, in
             for (int64_t l = 0; l < md->n_layer; l++) {
                 const StepLayer *L = md->layers + l;
                 norm_rows(md, x, h, L->norm1_weight, L->norm1_bias, B);
-                linear_team(&L->qkv, h, xb, qkv, B, 0);
+                linear_team(&L->qkv, h, xb, qkv, B, 0, f32);
                 attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, scores, B, pos);
-                linear_team(&L->attn_out, att, xb, x, B, 1);
+                linear_team(&L->attn_out, att, xb, x, B, 1, f32);
                 norm_rows(md, x, h, L->norm2_weight, L->norm2_bias, B);
-                linear_team(&L->fc, h, xb, f, B, 0);
+                linear_team(&L->fc, h, xb, f, B, 0, f32);
                 activate(f, h, B, L->fc.n_out, md->activation);
-                linear_team(&L->mlp_out, h, xb, x, B, 1);
+                linear_team(&L->mlp_out, h, xb, x, B, 1, f32);
             }
             norm_rows(md, x, h, md->final_norm_weight, md->final_norm_bias, B);
-            linear_team(&md->head, h, xb, logits, B, 0);
+            linear_team(&md->head, h, xb, logits, B, 0, f32);
         }
         free(h);
         free(scores);

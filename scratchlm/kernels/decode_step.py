@@ -1,5 +1,6 @@
 """A whole decoding step in one call to the compiled library (decode_step.c), for the decoding
-copy of a pre-norm GPT with bfloat16 weights (scratchlm.generate.decoding_model).
+copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float32
+(scratchlm.generate.decoding_model).
 
 `FusedDecodeStep.build(model, kernels)` reads the model's tensors once and describes them to the
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
@@ -33,7 +34,7 @@ class StepLayer(ctypes.Structure):
 
 class StepModel(ctypes.Structure):
     _fields_ = [("n_layer", _I), ("n_head", _I), ("head_dim", _I), ("n_embd", _I), ("t_max", _I), ("vocab", _I),
-                ("norm", _I), ("activation", _I), ("norm_eps", ctypes.c_double),
+                ("norm", _I), ("activation", _I), ("weights_f32", _I), ("norm_eps", ctypes.c_double),
                 ("tok_emb", _P), ("pos_emb", _P), ("rope_cos", _P), ("rope_sin", _P),
                 ("layers", ctypes.POINTER(StepLayer)), ("final_norm_weight", _P), ("final_norm_bias", _P),
                 ("head", StepLinear)]
@@ -50,7 +51,9 @@ def unsupported(model: nn.Module) -> str | None:
         return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, DecodingLinear))]
     if not all(isinstance(m, DecodingLinear) and m.layout == "kernel" for m in linears):
-        return "weights not in the bfloat16 kernel layout"
+        return "weights not in the kernel layout"
+    if len({m.weight.dtype for m in linears}) != 1:
+        return "weights in more than one dtype"
     others = [p for name, p in model.named_parameters() if p.dtype != torch.float32]
     if others:
         return "norms or embeddings not in float32"
@@ -93,7 +96,8 @@ class FusedDecodeStep:
         rope = cfg.pos_embedding == "rope"
         self._model = StepModel(
             cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd, cfg.block_size, cfg.vocab_size,
-            NORMS[cfg.norm], ACTIVATIONS[cfg.activation], float(cfg.norm_eps),
+            NORMS[cfg.norm], ACTIVATIONS[cfg.activation], int(model.lm_head.weight.dtype == torch.float32),
+            float(cfg.norm_eps),
             ptr(t.wte.weight), ptr(pos_emb() if pos_emb else None),
             ptr(model.rope_cos.float() if rope else None), ptr(model.rope_sin.float() if rope else None),
             self._layers, *norm(t.ln_f), linear(model.lm_head),

@@ -1,5 +1,5 @@
-/* y = x W^T + b for a handful of rows x, with W in bfloat16, stored (out, in) row-major as
- * nn.Linear keeps it. This is the whole cost of a decoding step on a CPU: one token per sequence
+/* y = x W^T + b for a handful of rows x, with W in bfloat16 (or float32: scratchlm_gemv_f32),
+ * stored (out, in) row-major as nn.Linear keeps it. This is the whole cost of a decoding step on a CPU: one token per sequence
  * meets every weight once, so the step takes as long as reading the weights from memory.
  *
  * Each weight row is read once, front to back, and multiplied into every row of x while it is
@@ -38,5 +38,22 @@ int scratchlm_gemv_bf16(const uint16_t *w, const float *x, const float *bias, fl
         });
     }
     free(xb);
+    return 0;
+}
+
+/* The same product with float32 weights: w (n_out, k) float32, the rest as above. */
+int scratchlm_gemv_f32(const float *w, const float *x, const float *bias, float *y,
+                       int64_t m, int64_t n_out, int64_t k, int parallel)
+{
+    if (m < 1 || m > MAX_ROWS) return -1;
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t o = 0; o < n_out; o++) {
+        const float b = bias ? bias[o] : 0.0f;
+        float sums[MAX_ROWS];
+        SWITCH_ROWS(m, {
+            dot_rows_f32(w + o * k, x, k, sums, M);
+            for (int r = 0; r < M; r++) y[r * n_out + o] = sums[r] + b;
+        });
+    }
     return 0;
 }
