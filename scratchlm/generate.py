@@ -19,9 +19,9 @@ Beam search keeps the `beam_width` most probable partial sequences instead of on
 
 On CPU a decoding step is limited by reading the weights from memory (one row meets every
 matrix), so the steps run on a decoding copy of the model (`decoding_model`): its matrices packed
-once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes. In
-bfloat16, where scratchlm.kernels builds, a one-token step of a pre-norm model is one call to
-compiled code (scratchlm.kernels.decode_step) instead of a few hundred torch operations.
+once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes.
+Where scratchlm.kernels builds, a one-token step of a pre-norm model is one call to compiled code
+(scratchlm.kernels.decode_step) instead of a few hundred torch operations.
 """
 
 from __future__ import annotations
@@ -315,7 +315,7 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     slower on CPU, and the weights are what a step reads. A tied lm_head gets a copy of its own;
     the embedding keeps the (V, C) table, of which a step reads one row. Where scratchlm.kernels
     builds, each block's attention becomes a `DecodingAttention` too (one call per layer for a
-    one-position step), and in bfloat16 a pre-norm copy gets a `FusedDecodeStep`: its one-token
+    one-position step), and a pre-norm copy in the kernel layout gets a `FusedDecodeStep`: its one-token
     steps, up to the kernel's row limit, run whole in compiled code (see `_last_logits`).
     Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`:
     in float32 it computes the same numbers to rounding; in bfloat16 to bfloat16's precision
