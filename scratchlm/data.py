@@ -592,10 +592,17 @@ def _publish(staging: Path, out_dir: Path) -> None:
 # cache
 
 
-def cache_root() -> Path:
-    """Where ensure_prepared keeps prepared data: $SCRATCHLM_CACHE, else ~/.cache/scratchlm/data."""
+def cache_home() -> Path:
+    """scratchlm's cache folder: $SCRATCHLM_CACHE, else ~/.cache/scratchlm. Prepared data goes in
+    its data/ (`cache_root`), the compiled decoding kernels in kernels/, the measured CPU matmul
+    peak in cpu_peak.json."""
     env = os.environ.get("SCRATCHLM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm" / "data"
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm"
+
+
+def cache_root() -> Path:
+    """Where ensure_prepared keeps prepared data by default: the data/ folder of `cache_home()`."""
+    return cache_home() / "data"
 
 
 def _file_stamp(path: Path) -> list:

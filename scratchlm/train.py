@@ -194,9 +194,10 @@ def flops_per_token(config: GPTConfig, n_params: int) -> float:
 
 
 def _cache_dir() -> Path:
-    """$SCRATCHLM_CACHE, else ~/.cache/scratchlm (the kernels keep their libraries in kernels/ there)."""
-    env = os.environ.get("SCRATCHLM_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "scratchlm"
+    """scratchlm's cache folder (scratchlm.data.cache_home): cpu_peak.json is kept there."""
+    from scratchlm.data import cache_home
+
+    return cache_home()
 
 
 def _measure_cpu_peak(dtype: torch.dtype, bursts: int = 12, burst_s: float = 0.03) -> float:

@@ -44,7 +44,7 @@ class TrainConfig:
     val_fraction: float = 0.1
     """Share of the data held out for validation."""
     data_cache: str | None = None
-    """Where prepared data is cached (None: ~/.cache/scratchlm/data or $SCRATCHLM_CACHE)."""
+    """Where prepared data is cached (None: ~/.cache/scratchlm/data, or $SCRATCHLM_CACHE/data)."""
 
     # --- optimisation ---
     batch_size: int = 12

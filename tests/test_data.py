@@ -364,7 +364,7 @@ def test_ensure_prepared_env_root(tmp_path, monkeypatch):
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "envcache"))
     src = _write(tmp_path / "t.txt", "hello there\n" * 10)
     out = ensure_prepared(DataConfig(data=str(src), tokenizer="char"))
-    assert out.parent == tmp_path / "envcache"
+    assert out.parent == tmp_path / "envcache" / "data"  # the variable names scratchlm's whole cache folder
 
 
 # ------------------------------------------------------------------------------------- batches

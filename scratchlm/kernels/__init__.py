@@ -45,9 +45,9 @@ _state: dict[str, object] = {}  # "kernel": CpuKernels | None, "reason": str
 
 
 def _cache_dir() -> Path:
-    from scratchlm.train import _cache_dir as cache_root  # the one reading of $SCRATCHLM_CACHE; only at build time
+    from scratchlm.data import cache_home  # the one reading of $SCRATCHLM_CACHE; only at build time
 
-    return cache_root() / "kernels"
+    return cache_home() / "kernels"
 
 
 def _compiler() -> str | None:
