@@ -89,7 +89,9 @@ static void linear_team(const StepLinear *L, const float *in, input_t *xb, float
 {
     const int64_t n = L->n_out, k = L->k;
     if (!f32) prepare_input(in, B, k, xb);
-#pragma omp for schedule(static)
+    /* guided: big blocks first, small ones last, so a thread slowed by another tenant of the
+     * machine holds the others up less at the barrier (2-3% over static on the benchmark VM) */
+#pragma omp for schedule(guided, 32)
     for (int64_t o = 0; o < n; o++) {
         const float bias = L->bias ? L->bias[o] : 0.0f;
         float sums[MAX_ROWS];
