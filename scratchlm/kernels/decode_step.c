@@ -103,13 +103,16 @@ static void norm_rows(const StepModel *md, const float *x, float *out, const flo
         float *o = out + r * C;
         if (md->norm == NORM_LAYER) {
             double sum = 0.0, sq = 0.0;
+#pragma omp simd reduction(+ : sum) /* the sums in vector lanes, added up at the end */
             for (int64_t i = 0; i < C; i++) sum += xr[i];
             const double mean = sum / (double)C;
+#pragma omp simd reduction(+ : sq)
             for (int64_t i = 0; i < C; i++) sq += (xr[i] - mean) * (xr[i] - mean);
             const float fmean = (float)mean, inv = (float)(1.0 / sqrt(sq / (double)C + md->norm_eps));
             for (int64_t i = 0; i < C; i++) o[i] = (xr[i] - fmean) * inv * w[i] + (b ? b[i] : 0.0f);
         } else {
             double sq = 0.0;
+#pragma omp simd reduction(+ : sq)
             for (int64_t i = 0; i < C; i++) sq += (double)xr[i] * xr[i];
             const float inv = (float)(1.0 / sqrt(sq / (double)C + md->norm_eps));
             for (int64_t i = 0; i < C; i++) o[i] = xr[i] * inv * w[i];
