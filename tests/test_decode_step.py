@@ -97,7 +97,7 @@ def _check(steps) -> None:
 
 
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
-@pytest.mark.parametrize("batch", [1, 3])
+@pytest.mark.parametrize("batch", [1, 3, 8])  # 8: the most rows the kernel takes
 def test_each_step_matches_the_model_on_rounded_weights(name, batch):
     model = _model(1, **FUSED_VARIANTS[name])
     fast = decoding_model(model, "bfloat16")
