@@ -343,9 +343,8 @@ def _add_generate(sub) -> None:
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                   help="decode with the weights cast to this (bfloat16: two to three times as fast on CPU, "
-                        "through a small C kernel compiled on first use; bfloat16 precision; default: the "
-                        "checkpoint's own)")
+                   help="decode with the weights cast to this (bfloat16: about twice as fast on CPU, half the "
+                        "bytes to read per token, at bfloat16 precision; default: the checkpoint's own)")
     p.set_defaults(run=_run_generate)
 
 
