@@ -193,13 +193,12 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
     """ids (B, T) -> scores of the next token (B, V), at least float32. Only the last position
     reaches lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product
-    thrown away. A one-token step of a decoding copy with a FusedDecodeStep goes through it when
-    it takes the call."""
-    if kv_cache is not None and idx.shape[1] == 1:
-        step = _FUSED_STEPS.get(model)
-        logits = step(idx, kv_cache) if step is not None else None
-        if logits is not None:
-            return logits
+    thrown away. A decoding copy with a FusedDecodeStep sends it the calls it takes: one new token
+    per sequence, or a prompt of at most its row limit (8) in all."""
+    step = _FUSED_STEPS.get(model) if kv_cache is not None else None
+    logits = step(idx, kv_cache) if step is not None else None  # None: not a call it takes
+    if logits is not None:
+        return logits
     hidden = model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
     logits = model.lm_head(hidden[:, -1, :])  # (B, V)
     return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()

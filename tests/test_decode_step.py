@@ -125,6 +125,32 @@ def test_float32_steps_match_the_model(name, batch):
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_several_positions_per_call_match_the_model(name, dtype):
+    """A short prompt, then pieces of 3 and 2 positions, then single steps (two sequences): each
+    call's logits are the last position's, and the cache holds what the next calls need."""
+    model = _model(8, **FUSED_VARIANTS[name])
+    fast = decoding_model(model, dtype)
+    step = _FUSED_STEPS[fast]
+    ref = _reference(model, round_inputs=True) if dtype == "bfloat16" else model
+    idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(8))
+    cache = KVCache(model.config, 2)
+    n = 0
+    with torch.no_grad():
+        for width in [4, 3, 2] + [1] * (TINY["block_size"] - 9):
+            got = step(idx[:, n : n + width], cache)
+            n += width
+            assert got is not None and cache.length == n
+            want = ref.lm_head(ref.forward_hidden(idx[:, :n]))[:, -1]
+            full = model.lm_head(model.forward_hidden(idx[:, :n]))[:, -1]
+            if dtype == "bfloat16":
+                _check([(got, want, full)])
+            else:
+                torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+    assert n == TINY["block_size"]
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
 def test_two_threads_share_the_work_and_get_the_same_result(name):
     model = _model(2, **FUSED_VARIANTS[name])
     idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(0))
@@ -172,7 +198,10 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
     cache.length = 1
     assert declined(torch.tensor([[V]]), cache)  # an id outside the vocabulary
     assert declined(torch.tensor([[-1]]), cache)
-    assert declined(torch.tensor([[1, 2]]), cache)  # two positions
+    assert declined(torch.arange(KERNEL.max_rows + 1)[None], cache)  # a prompt of more rows than it takes
+    cache.length = block - 1
+    assert declined(torch.tensor([[1, 2]]), cache)  # two positions with room for one
+    cache.length = 1
     assert declined(torch.tensor([[1]]), KVCache(model.config, 2))  # a cache for another batch
     cache64 = KVCache(model.config, 1, dtype=torch.float64)
     cache64.length = 1
@@ -207,5 +236,5 @@ def test_generation_uses_it_and_keeps_greedy_tokens():
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
     finally:
         gen._FUSED_STEPS[copy] = step
-    assert calls == [True] * 7  # every step after the prompt went through it
+    assert calls == [True] * 8  # the prompt (3 rows) and every step after it went through it
     assert torch.equal(ids, ids_plain)

@@ -1,11 +1,11 @@
-/* One whole decoding step of a pre-norm GPT in one call: B sequences (at most MAX_ROWS), one new
- * token each, from token ids to next-token logits, with every layer's new key and value written
- * into the KV cache.
+/* One whole decoding step of a pre-norm GPT in one call: B sequences, one new token each (or a
+ * few: B * T <= MAX_ROWS, for a short prompt), from token ids to next-token logits, with every
+ * layer's new keys and values written into the KV cache.
  *
  * Why: with bfloat16 weights read by gemv_bf16.c, a GPT-2-small step reads 250 MB of weights in
  * about 8 ms (float32 weights: 500 MB), but the same step through torch modules also spends about
- * 1.5 ms on everything else: layer norms, activations, residual adds, module calls and 50 separate parallel regions,
- * each a few microseconds. Here the whole step is one parallel region: the threads share out the
+ * 1.5 ms on everything else: layer norms, activations, residual adds, module calls and 50
+ * separate parallel regions, each a few microseconds. Here the whole step is one parallel region: the threads share out the
  * rows of each weight matrix, and wait for each other only where the next stage needs a result
  * that all of them wrote (6 barriers per layer).
  *
@@ -94,12 +94,13 @@ static inline float erf_vec(float x)
     return x < 0.0f ? -y : y;
 }
 
-/* out[r] = norm(x[r]) for each of the B rows of C values */
-static void norm_rows(const StepModel *md, const float *x, float *out, const float *w, const float *b, int64_t B)
+/* out[r] = norm(x[r]) for rows r of C values, x's rows `stride` floats apart, out's C apart */
+static void norm_rows(const StepModel *md, const float *x, int64_t stride, float *out, const float *w, const float *b,
+                      int64_t rows)
 {
     const int64_t C = md->n_embd;
-    for (int64_t r = 0; r < B; r++) {
-        const float *xr = x + r * C;
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * stride;
         float *o = out + r * C;
         if (md->norm == NORM_LAYER) {
             double sum = 0.0, sq = 0.0;
@@ -143,18 +144,20 @@ static void linear_team(const StepLinear *L, const float *in, input_t *xb, float
     }
 }
 
-/* The new position's attention for every (sequence, head), shared out among the team: RoPE on
- * its q and k (in place in qkv), k and v into the cache at pos, then softmax-weighted values over
- * positions 0..pos into att (B, C). scores: this thread's t_max floats. */
+/* The new positions' attention for every (sequence, head), shared out among the team. Row
+ * b * T + t of qkv and att is sequence b at position p = pos + t; in order of t, its q and k get
+ * RoPE (in place in qkv), its k and v go into the cache at p, and it attends over positions
+ * 0..p, so each new position sees the ones before it and itself. att: (B * T, C). scores: this
+ * thread's t_max floats. */
 static void attend_team(const StepModel *md, float *qkv, float *k_cache, float *v_cache, float *att, float *scores,
-                        int64_t B, int64_t pos)
+                        int64_t B, int64_t T, int64_t start)
 {
     const int64_t H = md->n_head, hs = md->head_dim, C = md->n_embd, t_max = md->t_max, half = hs / 2;
     const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp for schedule(static)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
-        float *q = qkv + b * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
+    for (int64_t bh = 0; bh < B * H; bh++) for (int64_t t = 0; t < T; t++) {
+        const int64_t b = bh / H, h = bh % H, row = b * T + t, pos = start + t;
+        float *q = qkv + row * 3 * C + h * hs, *k = q + C, *v = q + 2 * C;
         if (md->rope_cos) { /* rotate each pair (i, i + hs/2) by this position's angle */
             const float *cs = md->rope_cos + pos * half, *sn = md->rope_sin + pos * half;
             for (int64_t i = 0; i < half; i++) {
@@ -182,7 +185,7 @@ static void attend_team(const StepModel *md, float *qkv, float *k_cache, float *
             scores[t] = exp_vec(scores[t] - top);
             total += scores[t];
         }
-        float *o = att + b * C + h * hs;
+        float *o = att + row * C + h * hs;
         for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
         for (int64_t t = 0; t <= pos; t++) {
             const float p = scores[t] / total;
@@ -221,14 +224,16 @@ static void activate_team(const float *f, float *h, int64_t B, int64_t width, in
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* ids (B,) -> logits (B, vocab). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32, positions
- * 0..pos-1 filled; position pos is written. Returns 0, -1 for a failed allocation, -2 for
- * arguments out of range (B, pos, an id); nothing is written then. */
-int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t pos, float *k_cache,
+/* ids (B, T) -> logits (B, vocab) of each sequence's last position, B * T <= MAX_ROWS (T > 1: a
+ * short prompt, or its next piece). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32,
+ * positions 0..pos-1 filled; positions pos..pos+T-1 are written. Returns 0, -1 for a failed
+ * allocation, -2 for arguments out of range (B * T, pos + T, an id); nothing is written then. */
+int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos, float *k_cache,
                           float *v_cache, float *logits, int n_threads)
 {
-    if (B < 1 || B > MAX_ROWS || pos < 0 || pos >= md->t_max) return -2;
-    for (int64_t r = 0; r < B; r++)
+    if (B < 1 || T < 1 || B * T > MAX_ROWS || pos < 0 || pos + T > md->t_max) return -2;
+    const int64_t R = B * T; /* rows through every matrix: sequence b, position pos + t is row b * T + t */
+    for (int64_t r = 0; r < R; r++)
         if (ids[r] < 0 || ids[r] >= md->vocab) return -2;
     const int64_t C = md->n_embd, H = md->n_head, hs = md->head_dim;
     int64_t widest = max64(C, md->head.k), fc_width = 0;
@@ -238,21 +243,23 @@ int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, in
         fc_width = max64(fc_width, L->fc.n_out);
     }
     widest = max64(widest, fc_width);
-    float *x = malloc((size_t)(B * C) * sizeof(float)), *qkv = malloc((size_t)(B * 3 * C) * sizeof(float));
-    float *att = malloc((size_t)(B * C) * sizeof(float)), *f = malloc((size_t)(B * fc_width) * sizeof(float));
-    float *act = malloc((size_t)(B * fc_width) * sizeof(float));
+    float *x = malloc((size_t)(R * C) * sizeof(float)), *qkv = malloc((size_t)(R * 3 * C) * sizeof(float));
+    float *att = malloc((size_t)(R * C) * sizeof(float)), *f = malloc((size_t)(R * fc_width) * sizeof(float));
+    float *act = malloc((size_t)(R * fc_width) * sizeof(float));
     int failed = !x || !qkv || !att || !f || !act;
     if (!failed)
-        for (int64_t r = 0; r < B; r++)
+        for (int64_t r = 0; r < R; r++) {
+            const int64_t p = pos + r % T;
             for (int64_t i = 0; i < C; i++)
-                x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[pos * C + i] : 0.0f);
+                x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[p * C + i] : 0.0f);
+        }
     const int f32 = md->weights_f32 != 0;
-    const size_t xb_bytes = ((size_t)(B * input_len(widest)) * sizeof(input_t) + 63) / 64 * 64;
+    const size_t xb_bytes = ((size_t)(R * input_len(widest)) * sizeof(input_t) + 63) / 64 * 64;
     const int64_t per_layer = B * H * md->t_max * hs;
 
 #pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1) if (!failed)
     {
-        float *h = malloc((size_t)(B * widest) * sizeof(float)), *scores = malloc((size_t)md->t_max * sizeof(float));
+        float *h = malloc((size_t)(R * widest) * sizeof(float)), *scores = malloc((size_t)md->t_max * sizeof(float));
         input_t *xb = aligned_alloc(64, xb_bytes);
         if (!h || !scores || !xb) {
 #pragma omp atomic write
@@ -265,16 +272,17 @@ int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, in
         if (!stopped) { /* the same for every thread, so all of them meet the same barriers */
             for (int64_t l = 0; l < md->n_layer; l++) {
                 const StepLayer *L = md->layers + l;
-                norm_rows(md, x, h, L->norm1_weight, L->norm1_bias, B);
-                linear_team(&L->qkv, h, xb, qkv, B, 0, f32);
-                attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, scores, B, pos);
-                linear_team(&L->attn_out, att, xb, x, B, 1, f32);
-                norm_rows(md, x, h, L->norm2_weight, L->norm2_bias, B);
-                linear_team(&L->fc, h, xb, f, B, 0, f32);
-                activate_team(f, act, B, L->fc.n_out, md->activation);
-                linear_team(&L->mlp_out, act, xb, x, B, 1, f32);
+                norm_rows(md, x, C, h, L->norm1_weight, L->norm1_bias, R);
+                linear_team(&L->qkv, h, xb, qkv, R, 0, f32);
+                attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, scores, B, T, pos);
+                linear_team(&L->attn_out, att, xb, x, R, 1, f32);
+                norm_rows(md, x, C, h, L->norm2_weight, L->norm2_bias, R);
+                linear_team(&L->fc, h, xb, f, R, 0, f32);
+                activate_team(f, act, R, L->fc.n_out, md->activation);
+                linear_team(&L->mlp_out, act, xb, x, R, 1, f32);
             }
-            norm_rows(md, x, h, md->final_norm_weight, md->final_norm_bias, B);
+            /* only each sequence's last position goes on to the head */
+            norm_rows(md, x + (T - 1) * C, T * C, h, md->final_norm_weight, md->final_norm_bias, B);
             linear_team(&md->head, h, xb, logits, B, 0, f32);
         }
         free(h);
