@@ -34,6 +34,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral, Real
 
+import numpy as np
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -111,6 +112,16 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
     return logits.masked_fill(logits < top + math.log(min_p), float("-inf"))
 
 
+def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
+    """The most likely id of each row: logits (B, V) -> ids (B,), the first of equal maxima.
+
+    On a CPU through NumPy: torch.argmax takes about 44 us for one row of GPT-2's 50,257 scores
+    (no faster with two threads), NumPy's about 5, and a decoding step at 2 threads lasts ~5 ms."""
+    if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
+        return torch.from_numpy(np.ascontiguousarray(logits.numpy()).argmax(axis=-1).astype(np.int64))
+    return logits.argmax(dim=-1)
+
+
 def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
     """One multinomial draw per row from softmax(logits) (B, V) -> ids (B,)."""
     probs = F.softmax(logits.float(), dim=-1)
@@ -137,7 +148,7 @@ def choose_next(
     if previous is not None:
         logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy or temperature == 0:
-        return logits.argmax(dim=-1)
+        return greedy_ids(logits)
     logits = apply_temperature(logits, temperature)
     if top_k is not None:
         logits = top_k_filter(logits, top_k)

@@ -612,3 +612,20 @@ def test_cli_reads_the_prompt_from_stdin(char_checkpoint):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == "hag\n" + tok.decode(ids) + "\n"
+
+
+def test_greedy_ids_takes_the_first_of_equal_maxima_row_by_row():
+    from scratchlm.generate import greedy_ids
+
+    g = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.float64):
+        logits = torch.randn(5, 300, generator=g, dtype=dtype)
+        logits[1, 7] = logits[1, 200] = 99.0  # a tie: the first one wins
+        logits[2, :] = -1.0  # all equal: index 0
+        logits[3, -1] = float("inf")
+        got = greedy_ids(logits)
+        rows = logits.tolist()
+        want = [max(range(len(row)), key=lambda i: (row[i], -i)) for row in rows]  # brute force, first on ties
+        assert got.dtype == torch.int64 and got.shape == (5,)
+        assert got.tolist() == want
+        assert want[1] == 7 and want[2] == 0 and want[3] == 299
