@@ -148,4 +148,24 @@ static inline __attribute__((always_inline)) void dot_rows_f32(const float *w_ro
     default: __builtin_unreachable(); /* callers check 1 <= m <= MAX_ROWS */                    \
     }
 
+/* One output column of y = x W^T + b for m input rows: out[r * n + o] = w_o . x_r + bias_o, or
+ * added to what is there when `add`. W (n, k) row-major, bfloat16 (xb: the input as
+ * prepare_input left it) or float32 when `f32` (x: the input as it is). The row count becomes a
+ * compile-time constant inside, so dot_rows' loops over rows unroll. */
+static inline __attribute__((always_inline)) void product_column(const void *w, int f32, const input_t *xb,
+                                                                 const float *x, int64_t k, int64_t o,
+                                                                 const float *bias, float *out, int64_t n, int m,
+                                                                 int add)
+{
+    const float b = bias ? bias[o] : 0.0f;
+    float sums[MAX_ROWS];
+    SWITCH_ROWS(m, {
+        if (f32)
+            dot_rows_f32((const float *)w + o * k, x, k, sums, M);
+        else
+            dot_rows((const uint16_t *)w + o * k, xb, k, sums, M);
+        for (int r = 0; r < M; r++) out[r * n + o] = (add ? out[r * n + o] : 0.0f) + sums[r] + b;
+    });
+}
+
 #endif

@@ -131,17 +131,7 @@ static void linear_team(const StepLinear *L, const float *in, input_t *xb, float
     /* guided: big blocks first, small ones last, so a thread slowed by another tenant of the
      * machine holds the others up less at the barrier (2-3% over static on the benchmark VM) */
 #pragma omp for schedule(guided, 32)
-    for (int64_t o = 0; o < n; o++) {
-        const float bias = L->bias ? L->bias[o] : 0.0f;
-        float sums[MAX_ROWS];
-        SWITCH_ROWS((int)B, {
-            if (f32)
-                dot_rows_f32((const float *)L->weight + o * k, in, k, sums, M);
-            else
-                dot_rows((const uint16_t *)L->weight + o * k, xb, k, sums, M);
-            for (int r = 0; r < M; r++) out[r * n + o] = (add ? out[r * n + o] : 0.0f) + sums[r] + bias;
-        });
-    }
+    for (int64_t o = 0; o < n; o++) product_column(L->weight, f32, xb, in, k, o, L->bias, out, n, (int)B, add);
 }
 
 /* The new positions' attention for every (sequence, head), shared out among the team. Row

@@ -18,42 +18,33 @@
 int scratchlm_gemv_max_rows(void) { return MAX_ROWS; }
 int scratchlm_gemv_uses_dpbf16(void) { return HAVE_DPBF16; }
 
-/* w: (n_out, k) bfloat16 bits; x: (m, k) float32; bias: (n_out,) float32 or NULL; y: (m, n_out)
- * float32. All contiguous. Returns 0, or -1 for an m outside 1..MAX_ROWS or a failed allocation. */
-int scratchlm_gemv_bf16(const uint16_t *w, const float *x, const float *bias, float *y,
-                        int64_t m, int64_t n_out, int64_t k, int parallel)
+/* y = x W^T + b: w (n_out, k) bfloat16 bits, or float32 when `f32`; x: (m, k) float32; bias:
+ * (n_out,) float32 or NULL; y: (m, n_out) float32. All contiguous. Returns 0, or -1 for an m
+ * outside 1..MAX_ROWS or a failed allocation. */
+static int gemv(const void *w, int f32, const float *x, const float *bias, float *y, int64_t m, int64_t n_out,
+                int64_t k, int parallel)
 {
     if (m < 1 || m > MAX_ROWS) return -1;
-    const int64_t len = input_len(k);
-    input_t *xb = aligned_alloc(64, ((size_t)(m * len) * sizeof(input_t) + 63) / 64 * 64);
-    if (!xb) return -1;
-    prepare_input(x, m, k, xb);
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t o = 0; o < n_out; o++) {
-        const float b = bias ? bias[o] : 0.0f;
-        float sums[MAX_ROWS];
-        SWITCH_ROWS(m, {
-            dot_rows(w + o * k, xb, k, sums, M);
-            for (int r = 0; r < M; r++) y[r * n_out + o] = sums[r] + b;
-        });
+    input_t *xb = NULL;
+    if (!f32) {
+        xb = aligned_alloc(64, ((size_t)(m * input_len(k)) * sizeof(input_t) + 63) / 64 * 64);
+        if (!xb) return -1;
+        prepare_input(x, m, k, xb);
     }
+#pragma omp parallel for schedule(static) if (parallel)
+    for (int64_t o = 0; o < n_out; o++) product_column(w, f32, xb, x, k, o, bias, y, n_out, (int)m, 0);
     free(xb);
     return 0;
 }
 
-/* The same product with float32 weights: w (n_out, k) float32, the rest as above. */
+int scratchlm_gemv_bf16(const uint16_t *w, const float *x, const float *bias, float *y,
+                        int64_t m, int64_t n_out, int64_t k, int parallel)
+{
+    return gemv(w, 0, x, bias, y, m, n_out, k, parallel);
+}
+
 int scratchlm_gemv_f32(const float *w, const float *x, const float *bias, float *y,
                        int64_t m, int64_t n_out, int64_t k, int parallel)
 {
-    if (m < 1 || m > MAX_ROWS) return -1;
-#pragma omp parallel for schedule(static) if (parallel)
-    for (int64_t o = 0; o < n_out; o++) {
-        const float b = bias ? bias[o] : 0.0f;
-        float sums[MAX_ROWS];
-        SWITCH_ROWS(m, {
-            dot_rows_f32(w + o * k, x, k, sums, M);
-            for (int r = 0; r < M; r++) y[r * n_out + o] = sums[r] + b;
-        });
-    }
-    return 0;
+    return gemv(w, 1, x, bias, y, m, n_out, k, parallel);
 }
