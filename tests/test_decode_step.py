@@ -20,6 +20,8 @@ from scratchlm.generate import _FUSED_STEPS, decoding_model, generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
 from scratchlm.model import GPT, KVCache
 
+from test_decoding import _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
+
 
 KERNEL = kernels.cpu_kernels()
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"),
@@ -47,31 +49,12 @@ def _model(seed: int, **overrides) -> GPT:
     return model
 
 
-def _reference(model: GPT, round_inputs: bool) -> GPT:
-    """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and each
-    Linear's input rounded too when `round_inputs` (as VDPBF16PS sees it; the portable loop keeps
-    float32 inputs)."""
-    ref = GPT(model.config).eval()
-    ref.load_state_dict(model.state_dict())
-    if model.config.tie_weights:  # the decoding copy's lm_head is rounded, its embedding table is not
-        ref.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    for module in ref.modules():
-        if isinstance(module, torch.nn.Linear):
-            with torch.no_grad():
-                module.weight.copy_(module.weight.bfloat16().float())
-                if module.bias is not None:
-                    module.bias.copy_(module.bias.bfloat16().float())
-            if round_inputs:
-                module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
-    return ref
-
-
 def _steps(model: GPT, step: FusedDecodeStep, idx: torch.Tensor, prompt: int, round_inputs: bool = True,
            dtype: str = "bfloat16"):
     """(fused logits, reference logits, float32 model logits) at every position after the prompt;
     in float32 the reference is the model itself."""
     fast = decoding_model(model, dtype)
-    ref = _reference(model, round_inputs) if dtype == "bfloat16" else model
+    ref = _bf16_reference(model, round_output=False, round_input=round_inputs) if dtype == "bfloat16" else model
     cache = KVCache(model.config, idx.shape[0])
     out = []
     with torch.no_grad():
@@ -132,7 +115,7 @@ def test_several_positions_per_call_match_the_model(name, dtype):
     model = _model(8, **FUSED_VARIANTS[name])
     fast = decoding_model(model, dtype)
     step = _FUSED_STEPS[fast]
-    ref = _reference(model, round_inputs=True) if dtype == "bfloat16" else model
+    ref = _bf16_reference(model, round_output=False) if dtype == "bfloat16" else model
     idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(8))
     cache = KVCache(model.config, 2)
     n = 0

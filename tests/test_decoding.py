@@ -39,10 +39,11 @@ def _logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
         return model.lm_head(model.forward_hidden(idx)).float()
 
 
-def _bf16_reference(model: GPT, round_output: bool = True) -> GPT:
+def _bf16_reference(model: GPT, round_output: bool = True, round_input: bool = True) -> GPT:
     """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and
-    each Linear's input rounded too, as a bfloat16 matmul sees it; its output rounded as well
-    when `round_output` (a bfloat16 matmul returns bfloat16; the gemv kernel returns float32)."""
+    each Linear's input rounded too when `round_input`, as a bfloat16 matmul sees it (the kernels'
+    portable loop keeps float32 inputs); its output rounded as well when `round_output` (a
+    bfloat16 matmul returns bfloat16; the gemv kernel returns float32)."""
     ref = GPT(model.config).eval()
     ref.load_state_dict(model.state_dict())
     if model.config.tie_weights:  # the copy's lm_head is rounded, the embedding table is not
@@ -53,7 +54,8 @@ def _bf16_reference(model: GPT, round_output: bool = True) -> GPT:
                 module.weight.copy_(module.weight.bfloat16().float())
                 if module.bias is not None:
                     module.bias.copy_(module.bias.bfloat16().float())
-            module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
+            if round_input:
+                module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
             if round_output:
                 module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
     return ref
