@@ -325,8 +325,9 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     slower on CPU, and the weights are what a step reads. A tied lm_head gets a copy of its own;
     the embedding keeps the (V, C) table, of which a step reads one row. Where scratchlm.kernels
     builds, each block's attention becomes a `DecodingAttention` too (one call per layer for a
-    one-position step), and a pre-norm copy in the kernel layout gets a `FusedDecodeStep`: its one-token
-    steps, up to the kernel's row limit, run whole in compiled code (see `_last_logits`).
+    one-position step), and a pre-norm copy in the kernel layout gets a `FusedDecodeStep`: its
+    one-token steps and short prompts, up to the kernel's row limit, run whole in compiled code
+    (see `_last_logits`).
     Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`:
     in float32 it computes the same numbers to rounding; in bfloat16 to bfloat16's precision
     (about 3 significant digits).

@@ -1,5 +1,5 @@
-"""Small C kernels for decoding on a CPU, compiled on first use: a bfloat16 matrix-vector product
-(gemv_bf16.c), one new position of attention against the KV cache (attend_one.c), and a whole
+"""Small C kernels for decoding on a CPU, compiled on first use: a bfloat16 (or float32)
+matrix-vector product (gemv_bf16.c), one new position of attention against the KV cache (attend_one.c), and a whole
 decoding step of a pre-norm GPT in one call (decode_step.c), the last two built on the first's dot
 products (bf16_dot.h).
 
@@ -141,7 +141,7 @@ class CpuKernels:
         parallel = n_out * k >= 1 << 16  # below that, starting the second thread costs more than it saves
         fn = self._fn if weight.dtype == torch.bfloat16 else self._fn_f32
         rc = fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
-                      m, n_out, k, parallel)
+                m, n_out, k, parallel)
         if rc != 0:
             raise MemoryError("gemv_bf16: out of memory")
         return y

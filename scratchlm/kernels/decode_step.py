@@ -115,23 +115,21 @@ class FusedDecodeStep:
     def build(cls, model: nn.Module, kernels) -> "FusedDecodeStep | None":
         return None if kernels is None or unsupported(model) else cls(model, kernels)
 
-    def _fits(self, idx: torch.Tensor, cache, rows: int) -> bool:
+    def __call__(self, idx: torch.Tensor, cache) -> torch.Tensor | None:
+        if idx.dim() != 2:
+            return None
         B, T = idx.shape
         k, v = cache.k, cache.v
         n_layer, _, H, t_max, hs = self._cache_shape
-        return (idx.dtype == torch.long and 1 <= rows <= self.max_rows and 0 <= cache.length
+        if not (idx.dtype == torch.long and 1 <= B * T <= self.max_rows and 0 <= cache.length
                 and cache.length + T <= t_max and k.dtype == torch.float32 and v.dtype == torch.float32
                 and k.shape == (n_layer, B, H, t_max, hs) and v.shape == k.shape
-                and k.is_contiguous() and v.is_contiguous())
-
-    def __call__(self, idx: torch.Tensor, cache) -> torch.Tensor | None:
-        if idx.dim() != 2 or not self._fits(idx, cache, idx.numel()):
+                and k.is_contiguous() and v.is_contiguous()):
             return None
-        B, T = idx.shape
         ids = idx.contiguous().view(-1)
         logits = torch.empty(B, self.config.vocab_size)
-        rc = self._fn(ctypes.byref(self._model), ids.data_ptr(), B, T, cache.length, cache.k.data_ptr(),
-                      cache.v.data_ptr(), logits.data_ptr(), torch.get_num_threads())
+        rc = self._fn(ctypes.byref(self._model), ids.data_ptr(), B, T, cache.length, k.data_ptr(), v.data_ptr(),
+                      logits.data_ptr(), torch.get_num_threads())
         if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
             return None
         if rc != 0:
