@@ -207,6 +207,9 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
     thrown away. A decoding copy with a FusedDecodeStep sends it the calls it takes: one new token
     per sequence, or a prompt of at most its row limit (8) in all."""
     step = _FUSED_STEPS.get(model) if kv_cache is not None else None
+    if step is not None and not step.describes(model):  # the copy was converted after it was built
+        del _FUSED_STEPS[model]
+        step = None
     logits = step(idx, kv_cache) if step is not None else None  # None: not a call it takes
     if logits is not None:
         return logits

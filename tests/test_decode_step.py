@@ -209,15 +209,35 @@ def test_generation_uses_it_and_keeps_greedy_tokens():
     step = gen._FUSED_STEPS[copy]
     calls = []
 
-    def counting(idx, cache):
-        out = step(idx, cache)
-        calls.append(out is not None)
-        return out
+    class Counting:
+        def __call__(self, idx, cache):
+            out = step(idx, cache)
+            calls.append(out is not None)
+            return out
 
-    gen._FUSED_STEPS[copy] = counting
+        describes = step.describes
+
+    gen._FUSED_STEPS[copy] = Counting()
     try:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
     finally:
         gen._FUSED_STEPS[copy] = step
     assert calls == [True] * 8  # the prompt (3 rows) and every step after it went through it
     assert torch.equal(ids, ids_plain)
+
+
+def test_a_copy_converted_after_it_was_built_drops_the_step():
+    """.double() gives every parameter new storage; the step's addresses would then describe the
+    old tensors, so the next call must go through the model's own code (in float64 here)."""
+    from scratchlm.generate import _last_logits
+
+    model = _model(9, **FUSED_VARIANTS["gpt2"])
+    fast = decoding_model(model, "float32")
+    assert fast in _FUSED_STEPS
+    with torch.no_grad():
+        fast.transformer.wte.weight.mul_(2.0)  # in place: the step still describes the copy
+    assert _FUSED_STEPS[fast].describes(fast)
+    fast.double()
+    idx = torch.tensor([[1, 2, 3]])
+    logits = _last_logits(fast, idx, KVCache(model.config, 1, dtype=torch.float64))
+    assert fast not in _FUSED_STEPS and logits.dtype == torch.float64

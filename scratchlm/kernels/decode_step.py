@@ -6,7 +6,8 @@ copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float3
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
 `unsupported(model)`, for a model the C step does not cover (post-norm, weights not in the kernel
 layout). The struct holds raw addresses, so the object keeps a reference to every tensor it points
-at; the model must not replace them (in-place changes are fine).
+at; the model must not replace them (in-place changes are fine). A conversion of the whole model
+(.double(), .to(device)) is noticed by `describes(model)`, and the step is then dropped.
 """
 
 from __future__ import annotations
@@ -110,6 +111,13 @@ class FusedDecodeStep:
             self._layers, *norm(t.ln_f), linear(model.lm_head),
         )
         self._cache_shape = (cfg.n_layer, None, cfg.n_head, cfg.block_size, cfg.head_dim)
+        # the embedding's storage: .to(), .double() and the like give every parameter new storage
+        self._anchor = t.wte.weight.data_ptr()
+
+    def describes(self, model: nn.Module) -> bool:
+        """Whether `model` still holds the tensors this step points at (a conversion such as
+        .double() or .to(device) replaces them; in-place changes such as load_state_dict do not)."""
+        return model.transformer.wte.weight.data_ptr() == self._anchor
 
     @classmethod
     def build(cls, model: nn.Module, kernels) -> "FusedDecodeStep | None":
