@@ -37,7 +37,7 @@ import torch
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
-HEADERS = [Path(__file__).with_name("bf16_dot.h")]  # included by the sources: part of the cache key
+HEADERS = [Path(__file__).with_name("bf16_dot.h"), Path(__file__).with_name("attention.h")]  # included by the sources: part of the cache key
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
 
 _lock = threading.Lock()

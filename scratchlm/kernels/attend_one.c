@@ -16,12 +16,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
+
 int scratchlm_attend_one(const float *qkv, float *k_cache, float *v_cache, float *out,
                          int64_t B, int64_t H, int64_t hs, int64_t t_max, int64_t pos, int parallel)
 {
     if (pos < 0 || pos >= t_max) return -1;
     const int64_t C = H * hs, n_keys = pos + 1;
-    const float scale = 1.0f / sqrtf((float)hs);
     for (int64_t b = 0; b < B; b++)
         for (int64_t h = 0; h < H; h++) {
             int64_t row = ((b * H + h) * t_max + pos) * hs;
@@ -40,25 +41,7 @@ int scratchlm_attend_one(const float *qkv, float *k_cache, float *v_cache, float
             failed = 1;
             continue;
         }
-        float top = -INFINITY;
-        for (int64_t t = 0; t < n_keys; t++) {  /* scores */
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s) /* lets the compiler split the sum into vector lanes */
-            for (int64_t d = 0; d < hs; d++) s += q[d] * keys[t * hs + d];
-            w[t] = s * scale;
-            top = w[t] > top ? w[t] : top;
-        }
-        float total = 0.0f;
-        for (int64_t t = 0; t < n_keys; t++) {  /* softmax, shifted by the largest score */
-            w[t] = expf(w[t] - top);
-            total += w[t];
-        }
-        for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
-        for (int64_t t = 0; t < n_keys; t++) {  /* the weighted sum of values */
-            const float p = w[t] / total;
-#pragma omp simd
-            for (int64_t d = 0; d < hs; d++) o[d] += p * values[t * hs + d];
-        }
+        attend_position(q, keys, values, n_keys, hs, w, o);
         free(w);
     }
     return failed ? -1 : 0;

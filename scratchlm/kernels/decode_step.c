@@ -22,8 +22,9 @@
  *
  * Products use bf16_dot.h (float32 sums; the weights bfloat16, or float32 when weights_f32).
  * Norms, attention and activations are float32, norm statistics summed in double; e^x and erf
- * come from the branch-free approximations below (relative error about 1e-7), so that softmax and
- * the activations vectorise. scratchlm/kernels/decode_step.py fills the structs from a decoding
+ * come from branch-free approximations (relative error about 1e-7; exp_vec in attention.h,
+ * erf_vec below), so that softmax and the activations vectorise. One position's attention is
+ * attention.h's attend_position, shared with attend_one.c. scratchlm/kernels/decode_step.py fills the structs from a decoding
  * copy of the model (scratchlm.generate.decoding_model).
  */
 #include <math.h>
@@ -31,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention.h"
 #include "bf16_dot.h"
 
 typedef struct {
@@ -61,31 +63,8 @@ typedef struct {
     StepLinear head;
 } StepModel;
 
-/* e^x in float32 without a call or a branch, so that loops over it vectorise (libm's expf and
- * tanhf are scalar calls unless -ffast-math, which would loosen every other line here too).
- * Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts, so r is exact), e^r
- * from a polynomial, 2^n written into the exponent bits. Relative error below 1e-7 (8e-8 against
- * double exp over [-87, 88] in steps of 0.001); x is clamped to [-87, 88], so the result stays a
- * normal float (e^-200 gives 1.6e-38). */
-static inline float exp_vec(float x)
-{
-    x = x < -87.0f ? -87.0f : x;
-    x = x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
-    return p * scale.f;
-}
-
 /* erf(x) without a call (Abramowitz and Stegun 7.1.26: absolute error below 1.5e-7), for the
- * same reason as exp_vec. */
+ * same reason as exp_vec (attention.h). */
 static inline float erf_vec(float x)
 {
     const float a = x < 0.0f ? -x : x, t = 1.0f / (1.0f + 0.3275911f * a);
@@ -143,7 +122,6 @@ static void attend_team(const StepModel *md, float *qkv, float *k_cache, float *
                         int64_t B, int64_t T, int64_t start)
 {
     const int64_t H = md->n_head, hs = md->head_dim, C = md->n_embd, t_max = md->t_max, half = hs / 2;
-    const float scale = 1.0f / sqrtf((float)hs);
 #pragma omp for schedule(static)
     for (int64_t bh = 0; bh < B * H; bh++) for (int64_t t = 0; t < T; t++) {
         const int64_t b = bh / H, h = bh % H, row = b * T + t, pos = start + t;
@@ -161,27 +139,7 @@ static void attend_team(const StepModel *md, float *qkv, float *k_cache, float *
         float *keys = k_cache + bh * t_max * hs, *values = v_cache + bh * t_max * hs;
         memcpy(keys + pos * hs, k, (size_t)hs * sizeof(float));
         memcpy(values + pos * hs, v, (size_t)hs * sizeof(float));
-        float top = -INFINITY;
-        for (int64_t t = 0; t <= pos; t++) {
-            float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-            for (int64_t d = 0; d < hs; d++) s += q[d] * keys[t * hs + d];
-            scores[t] = s * scale;
-            top = scores[t] > top ? scores[t] : top;
-        }
-        float total = 0.0f;
-#pragma omp simd reduction(+ : total)
-        for (int64_t t = 0; t <= pos; t++) {
-            scores[t] = exp_vec(scores[t] - top);
-            total += scores[t];
-        }
-        float *o = att + row * C + h * hs;
-        for (int64_t d = 0; d < hs; d++) o[d] = 0.0f;
-        for (int64_t t = 0; t <= pos; t++) {
-            const float p = scores[t] / total;
-#pragma omp simd
-            for (int64_t d = 0; d < hs; d++) o[d] += p * values[t * hs + d];
-        }
+        attend_position(q, keys, values, pos + 1, hs, scores, att + row * C + h * hs);
     }
 }
 
