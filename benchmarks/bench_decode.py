@@ -15,11 +15,11 @@ not weights, so the limit is slightly optimistic and the fraction slightly pessi
 
 Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random weights:
 
-    ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy; its steps
-                        after the prompt through the compiled decode_step.c where it builds)
+    ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy; prompt
+                        and steps through the compiled decode_step.c where it builds)
     ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations;
-                        where scratchlm.kernels builds, each step after the prompt is one call to
-                        the compiled decode_step.c (the prompt goes through the model's modules)
+                        where scratchlm.kernels builds, the compiled decode_step.c takes the
+                        prompt (16 rows: two calls of 8) and then 8 greedy steps per call
     ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul through
                         the model's modules, the library path the kernels replace (attention still
                         through attend_one; not with --quick)

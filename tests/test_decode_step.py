@@ -161,7 +161,7 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
     post = decoding_model(_model(4, norm_position="post"), "bfloat16")
     assert unsupported(post) == "post-norm blocks" and post not in _FUSED_STEPS
     assert decoding_model(_model(4), "float32", layout="in_out") not in _FUSED_STEPS  # not the kernel layout
-    model = _model(4, **FUSED_VARIANTS["gpt2"])
+    model = _model(4, **{**FUSED_VARIANTS["gpt2"], "block_size": 24})  # room for a prompt of 17
     fast = decoding_model(model, "bfloat16")
     step = _FUSED_STEPS[fast]
     V, block = model.config.vocab_size, model.config.block_size
@@ -181,7 +181,8 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
     cache.length = 1
     assert declined(torch.tensor([[V]]), cache)  # an id outside the vocabulary
     assert declined(torch.tensor([[-1]]), cache)
-    assert declined(torch.arange(KERNEL.max_rows + 1)[None], cache)  # a prompt of more rows than it takes
+    assert declined(torch.arange(step.max_prompt + 1)[None] % V, cache)  # a prompt of more rows than it takes
+    assert declined(torch.tensor([[1] * KERNEL.max_rows + [V]]), cache)  # a bad id in the second piece
     cache.length = block - 1
     assert declined(torch.tensor([[1, 2]]), cache)  # two positions with room for one
     cache.length = 1
@@ -212,7 +213,12 @@ def test_generation_uses_it_and_keeps_greedy_tokens():
     class Counting:
         def __call__(self, idx, cache):
             out = step(idx, cache)
-            calls.append(out is not None)
+            calls.append(("step", idx.shape[1], out is not None))
+            return out
+
+        def greedy(self, last, steps, cache):
+            out = step.greedy(last, steps, cache)
+            calls.append(("greedy", steps, out is not None))
             return out
 
         describes = step.describes
@@ -220,10 +226,16 @@ def test_generation_uses_it_and_keeps_greedy_tokens():
     gen._FUSED_STEPS[copy] = Counting()
     try:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
+        # the prompt (3 rows), then the other 7 steps in one call
+        assert calls == [("step", 3, True), ("greedy", 7, True)]
+        assert torch.equal(ids, ids_plain)
+        calls.clear()  # a repetition penalty changes the scores between steps: one call per step
+        ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", repetition_penalty=1.3)
+        assert calls == [("step", 3, True)] + [("step", 1, True)] * 7
+        assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16",
+                                             repetition_penalty=1.3, use_cache=False))
     finally:
         gen._FUSED_STEPS[copy] = step
-    assert calls == [True] * 8  # the prompt (3 rows) and every step after it went through it
-    assert torch.equal(ids, ids_plain)
 
 
 def test_a_copy_converted_after_it_was_built_drops_the_step():
@@ -241,3 +253,126 @@ def test_a_copy_converted_after_it_was_built_drops_the_step():
     idx = torch.tensor([[1, 2, 3]])
     logits = _last_logits(fast, idx, KVCache(model.config, 1, dtype=torch.float64))
     assert fast not in _FUSED_STEPS and logits.dtype == torch.float64
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("batch, prompt", [(1, 16), (3, 5)])  # 16 rows in two calls; 15 in pieces of 6, 6, 3
+def test_a_prompt_of_more_rows_goes_in_pieces_and_matches_the_model(name, dtype, batch, prompt):
+    """The pieces before the last skip the head; the last position's logits, and the steps that
+    follow from the cache the pieces left, match the model."""
+    model = _model(10, **{**FUSED_VARIANTS[name], "block_size": 24})
+    fast = decoding_model(model, dtype)
+    step = _FUSED_STEPS[fast]
+    assert batch * prompt > KERNEL.max_rows and batch * prompt <= step.max_prompt
+    ref = _bf16_reference(model, round_output=False) if dtype == "bfloat16" else model
+    idx = torch.randint(0, model.config.vocab_size, (batch, prompt + 3), generator=torch.Generator().manual_seed(10))
+    cache = KVCache(model.config, batch)
+    with torch.no_grad():
+        for n in range(prompt, prompt + 4):
+            got = step(idx[:, cache.length : n], cache)
+            assert got is not None and cache.length == n
+            want = ref.lm_head(ref.forward_hidden(idx[:, :n]))[:, -1]
+            full = model.lm_head(model.forward_hidden(idx[:, :n]))[:, -1]
+            if dtype == "bfloat16":
+                _check([(got, want, full)])
+            else:
+                torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "odd-widths-relu"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_steps_in_one_call_equal_one_step_at_a_time(name, dtype, batch):
+    """step.greedy(last, n, cache) against n rounds of step(last, cache) and NumPy's argmax
+    (greedy_ids) on a copy of the cache: the same ids, logits and cache contents."""
+    from scratchlm.generate import greedy_ids
+
+    model = _model(11, **FUSED_VARIANTS[name])
+    step = _FUSED_STEPS[decoding_model(model, dtype)]
+    idx = torch.randint(0, model.config.vocab_size, (batch, 2), generator=torch.Generator().manual_seed(11))
+    cache = KVCache(model.config, batch)
+    cache.k.zero_(), cache.v.zero_()
+    step(idx[:, :1], cache)
+    other = KVCache(model.config, batch)
+    other.k.copy_(cache.k), other.v.copy_(cache.v)
+    other.length = cache.length
+    steps = model.config.block_size - 1
+    ids, logits = step.greedy(idx[:, 1:], steps, cache)
+    assert ids.shape == (steps, batch) and logits.shape == (steps, batch, model.config.vocab_size)
+    last = idx[:, 1:]
+    for s in range(steps):
+        scores = step(last, other)
+        last = greedy_ids(scores)[:, None]
+        assert torch.equal(scores, logits[s]) and torch.equal(last[:, 0], ids[s])
+    assert cache.length == other.length == model.config.block_size
+    assert torch.equal(cache.k, other.k) and torch.equal(cache.v, other.v)
+    assert step.greedy(last, 1, cache) is None  # no room left: declined
+
+
+def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
+    """Rows 3 and 7 of the head equal, with the largest bias: every step's top two scores are
+    exactly equal, and the lower id wins (as torch.argmax and NumPy's do). With NaN rows 5 and 9
+    the first NaN wins (NumPy's rule, which greedy_ids follows)."""
+    from scratchlm.generate import greedy_ids
+
+    model = _model(12, **{**FUSED_VARIANTS["gpt2"], "tie_weights": False, "lm_head_bias": True})
+    with torch.no_grad():
+        head = model.lm_head
+        head.weight[7] = head.weight[3]
+        head.bias[3] = head.bias[7] = 50.0
+    step = _FUSED_STEPS[decoding_model(model, "float32")]
+    cache = KVCache(model.config, 2)
+    step(torch.tensor([[1], [2]]), cache)
+    ids, logits = step.greedy(torch.tensor([[4], [6]]), 5, cache)
+    for s in range(5):
+        for b in range(2):
+            row = logits[s, b].tolist()
+            assert row[3] == row[7] == max(row)  # a true tie
+            assert row.index(max(row)) == 3 and int(ids[s, b]) == 3
+    with torch.no_grad():
+        head.weight[5] = float("nan")
+        head.weight[9] = float("nan")
+    step = _FUSED_STEPS[decoding_model(model, "float32")]
+    cache = KVCache(model.config, 1)
+    step(torch.tensor([[1]]), cache)
+    ids, logits = step.greedy(torch.tensor([[4]]), 3, cache)
+    for s in range(3):
+        row = logits[s, 0]
+        assert row[5].isnan() and row[9].isnan() and not row[:5].isnan().any()
+        assert int(ids[s, 0]) == 5 == int(greedy_ids(row[None])[0])
+
+
+def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens():
+    """Greedy steps go GREEDY_CHUNK per call, the last chunk ending at the context's edge, where the
+    window starts to slide (a re-prefill per step); the ids are those of the plain loop without a
+    cache all the way."""
+    from scratchlm import generate as gen
+
+    model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
+    idx = torch.tensor([[3, 1, 4]])
+    plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")
+    copy = gen._decoder_for(model, 30, torch.float32)
+    step = gen._FUSED_STEPS[copy]
+    chunks = []
+
+    class Recording:
+        def __call__(self, idx, cache):
+            return step(idx, cache)
+
+        def greedy(self, last, steps, cache):
+            chunks.append((cache.length, steps))
+            return step.greedy(last, steps, cache)
+
+        describes = step.describes
+
+    gen._FUSED_STEPS[copy] = Recording()
+    try:
+        ids = generate_ids(model, idx, max_new_tokens=30, greedy=True, temperature=0.0)
+    finally:
+        gen._FUSED_STEPS[copy] = step
+    assert torch.equal(ids, plain)
+    # Chunks from the prompt (3 positions) up to the edge; from there every step re-prefills the
+    # sliding window, which leaves the cache full, so no chunk follows.
+    block = model.config.block_size
+    assert chunks == [(3, gen.GREEDY_CHUNK), (3 + gen.GREEDY_CHUNK, block - 3 - gen.GREEDY_CHUNK)]

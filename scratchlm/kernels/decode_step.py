@@ -63,22 +63,26 @@ def unsupported(model: nn.Module) -> str | None:
 
 class FusedDecodeStep:
     """`step(idx, cache)`: the next-token logits (B, V) for ids idx (B, T) after the cache's
-    positions (B * T at most the kernel's `max_rows`: one new token per sequence, or a few), the
-    new keys and values written into the cache and the cache advanced; or None when this call is
-    not one the C step takes (more rows than it handles, a cache in another dtype or layout, too
-    little room left in the cache, an id outside the vocabulary), and the caller runs the model
-    instead.
+    positions, the new keys and values written into the cache and the cache advanced; or None when
+    this call is not one the C step takes (more rows than it handles, a cache in another dtype or
+    layout, too little room left in the cache, an id outside the vocabulary), and the caller runs
+    the model instead. `step.greedy(last, n, cache)`: n greedy steps in one call.
 
-    More positions than one per sequence are for a short prompt only: 8 rows cost the C loops
-    about twice what one row costs (eight products per weight read), so a prompt of 16 positions
-    already runs faster through the model's batched matmuls (bfloat16 gpt2-124m, one thread: 45 ms
-    in two calls against 38 ms; 8 positions: 22 against 27 ms)."""
+    One call takes B * T <= `max_rows` (8) rows: one new token per sequence, or a few positions.
+    A prompt of up to `max_prompt` (16) rows goes in pieces of at most 8 (each sequence's
+    positions in order), the pieces before the last skipping the head. More than that goes
+    through the model's batched matmuls, which win on long prompts: 8 rows cost the C loops 1.5-2x
+    what one row costs (eight products per weight read). Measured on bfloat16 gpt2-124m, in pieces
+    against the modules: 16 positions 21 against 28 ms at two threads, 35 against 39 ms at one;
+    32 positions 43 against 43 ms at two threads, 72 against 55 ms at one."""
 
     def __init__(self, model: nn.Module, kernels):
         cfg = model.config
         self.config = cfg
         self.max_rows = kernels.max_rows
+        self.max_prompt = 2 * self.max_rows  # the most rows of a prompt, taken max_rows at a time
         self._fn = kernels.step_fn
+        self._greedy = kernels.greedy_fn
         self._keep: list[torch.Tensor] = []  # every tensor the structs point at
         t = model.transformer
 
@@ -123,24 +127,57 @@ class FusedDecodeStep:
     def build(cls, model: nn.Module, kernels) -> "FusedDecodeStep | None":
         return None if kernels is None or unsupported(model) else cls(model, kernels)
 
+    def _takes(self, idx: torch.Tensor, cache, positions: int) -> bool:
+        """Whether ids idx (B, T) and `positions` new positions fit this step and this cache."""
+        B = idx.shape[0]
+        k, v = cache.k, cache.v
+        n_layer, _, H, t_max, hs = self._cache_shape
+        return (idx.dtype == torch.long and 1 <= B <= self.max_rows and 0 <= cache.length
+                and cache.length + positions <= t_max and k.dtype == torch.float32 and v.dtype == torch.float32
+                and k.shape == (n_layer, B, H, t_max, hs) and v.shape == k.shape
+                and k.is_contiguous() and v.is_contiguous())
+
     def __call__(self, idx: torch.Tensor, cache) -> torch.Tensor | None:
         if idx.dim() != 2:
             return None
         B, T = idx.shape
-        k, v = cache.k, cache.v
-        n_layer, _, H, t_max, hs = self._cache_shape
-        if not (idx.dtype == torch.long and 1 <= B * T <= self.max_rows and 0 <= cache.length
-                and cache.length + T <= t_max and k.dtype == torch.float32 and v.dtype == torch.float32
-                and k.shape == (n_layer, B, H, t_max, hs) and v.shape == k.shape
-                and k.is_contiguous() and v.is_contiguous()):
+        per_call = self.max_rows // B  # positions of each sequence per call
+        if not (1 <= per_call and T <= max(per_call, self.max_prompt // B) and self._takes(idx, cache, T)):
             return None
-        ids = idx.contiguous().view(-1)
+        if T > per_call and not 0 <= int(idx.min()) <= int(idx.max()) < self.config.vocab_size:
+            return None  # checked before the first piece writes the cache; the model's path gives the error
+        ids = idx.contiguous()
         logits = torch.empty(B, self.config.vocab_size)
-        rc = self._fn(ctypes.byref(self._model), ids.data_ptr(), B, T, cache.length, k.data_ptr(), v.data_ptr(),
-                      logits.data_ptr(), torch.get_num_threads())
+        threads = torch.get_num_threads()
+        for first in range(0, T, per_call):
+            piece = ids[:, first:first + per_call].contiguous()
+            n = piece.shape[1]
+            last = first + n >= T
+            rc = self._fn(ctypes.byref(self._model), piece.data_ptr(), B, n, cache.length, cache.k.data_ptr(),
+                          cache.v.data_ptr(), logits.data_ptr() if last else None, threads)
+            if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
+                return None
+            if rc != 0:
+                raise MemoryError("decode_step: out of memory")
+            cache.advance(n)
+        return logits
+
+    def greedy(self, last: torch.Tensor, steps: int, cache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`steps` greedy steps in one call: from last (B, 1), each sequence's newest token (not
+        yet in the cache), (ids (steps, B), logits (steps, B, V)): what `steps` calls of this step,
+        each followed by greedy_ids on its logits, would give. None, with the cache untouched,
+        for what the C step does not take (see __call__), or fewer than `steps` free positions."""
+        if steps < 1 or last.dim() != 2 or last.shape[1] != 1 or not self._takes(last, cache, steps):
+            return None
+        B = last.shape[0]
+        ids = last.contiguous()
+        logits = torch.empty(steps, B, self.config.vocab_size)
+        out = torch.empty(steps, B, dtype=torch.long)
+        rc = self._greedy(ctypes.byref(self._model), ids.data_ptr(), B, steps, cache.length, cache.k.data_ptr(),
+                          cache.v.data_ptr(), logits.data_ptr(), out.data_ptr(), torch.get_num_threads())
         if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
             return None
         if rc != 0:
             raise MemoryError("decode_step: out of memory")
-        cache.advance(T)
-        return logits
+        cache.advance(steps)
+        return out, logits
