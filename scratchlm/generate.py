@@ -222,7 +222,9 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
 GREEDY_CHUNK = 8
 """Greedy steps per call of the compiled step. Each call streams the whole model through the
 caches, so whatever Python runs between two calls finds its data evicted and runs about 20x slower
-than usual: about 0.2 ms a token at GPT-2 size (4% of a step), paid once per chunk instead."""
+than usual: about 0.2 ms a token at GPT-2 size (4% of a step), paid once per chunk instead. A
+consumer that stops early (an end token, a stop string) leaves at most GREEDY_CHUNK - 1 steps
+computed and unused."""
 
 
 def _greedy_steps(model: GPT, last: torch.Tensor, steps: int, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
