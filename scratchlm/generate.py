@@ -92,13 +92,27 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
     """
     if p >= 1.0:
         return logits
-    sorted_logits, order = torch.sort(logits, dim=-1, descending=True)  # (B, V) each
-    probs = F.softmax(sorted_logits.float(), dim=-1)
-    mass_before = torch.cumsum(probs, dim=-1) - probs  # (B, V) mass of the tokens ranked above
-    drop_sorted = mass_before >= p
-    drop_sorted[..., 0] = False  # the top token is kept whatever p is
-    drop = drop_sorted.scatter(-1, order, drop_sorted)  # back to vocabulary order
-    return logits.masked_fill(drop, float("-inf"))
+    probs = F.softmax(logits.float(), dim=-1)
+    # Only the k most probable tokens need sorting, for any k whose tokens hold at least p in
+    # every row: all the others have at least that much mass ranked above them. Sorting all of
+    # GPT-2's 50,257 takes about 3.6 ms (most of a decoding step); the 256 likeliest, 0.1 ms.
+    def holds(floor: float) -> bool:  # the tokens at or above `floor` hold p in every row
+        return bool((torch.where(probs >= floor, probs, 0.0).sum(dim=-1) >= p + 1e-5).all())  # margin: rounding
+
+    floor = next((f for f in TOP_P_FLOORS if holds(f)), None)
+    k = logits.shape[-1] if floor is None else max(1, int((probs >= floor).sum(dim=-1).max()))
+    # ranked by score, not probability: scores a hair apart can round to the same probability
+    order = torch.topk(logits, k, dim=-1).indices  # (B, k), most probable first
+    top = probs.gather(-1, order)
+    mass_before = torch.cumsum(top, dim=-1) - top  # mass of the tokens ranked above each
+    keep_sorted = mass_before < p
+    keep_sorted[..., 0] = True  # the top token is kept whatever p is
+    keep = torch.zeros_like(logits, dtype=torch.bool).scatter(-1, order, keep_sorted)  # vocabulary order
+    return logits.masked_fill(~keep, float("-inf"))
+
+
+TOP_P_FLOORS = (1e-1, 1e-2, 1e-3, 1e-4, 1e-5)
+"""Probabilities tried in turn by top_p_filter: the first whose tokens hold p sets how many to sort."""
 
 
 def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
@@ -124,9 +138,22 @@ def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
 
 
 def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One multinomial draw per row from softmax(logits) (B, V) -> ids (B,)."""
-    probs = F.softmax(logits.float(), dim=-1)
-    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    """One multinomial draw per row from softmax(logits) (B, V) -> ids (B,).
+
+    By inverting the cumulative distribution: lay the probabilities end to end on [0, total),
+    draw u uniformly there, and take the token whose stretch holds u (the first whose running
+    total exceeds it). A token of probability q owns a stretch of length q, so it is drawn with
+    probability q; a filtered-out token (probability 0) owns none. In float64, so 50k running
+    sums lose nothing visible. One uniform per row: about 0.1 ms for GPT-2's 50,257 scores,
+    where torch.multinomial takes about 1 ms, a fifth of a decoding step at 2 threads."""
+    probs = F.softmax(logits.double(), dim=-1)
+    running = torch.cumsum(probs, dim=-1)  # (B, V)
+    total = running[:, -1:]  # (B, 1), 1 up to rounding
+    if not bool(torch.isfinite(total).all()):
+        raise ValueError("cannot sample: the scores contain NaN, or every one of them is -inf")
+    u = torch.rand(total.shape, generator=generator, dtype=torch.float64, device=logits.device) * total
+    u = torch.minimum(u, torch.nextafter(total, torch.zeros_like(total)))  # u < total, even after rounding
+    return torch.searchsorted(running, u, right=True).squeeze(-1)  # first index with running > u
 
 
 def choose_next(

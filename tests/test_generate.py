@@ -99,9 +99,11 @@ def test_cached_sampling_draws_what_the_plain_loop_draws(pos):
     block = model.config.block_size
     ref, gen = idx, torch.Generator().manual_seed(7)
     with torch.no_grad():
-        for _ in range(100):  # S20 with a multinomial draw, written out here
-            probs = torch.softmax(model(ref[:, -block:])[0][:, -1, :], dim=-1)
-            ref = torch.cat([ref, torch.multinomial(probs, 1, generator=gen)], dim=1)
+        for _ in range(100):  # S20 with a draw by the inverse CDF, written out here in NumPy
+            probs = torch.softmax(model(ref[:, -block:])[0][:, -1, :].double(), dim=-1).numpy()
+            u = torch.rand((len(probs), 1), generator=gen, dtype=torch.float64).numpy()
+            picks = [int(np.flatnonzero(np.cumsum(row) > x * row.sum())[0]) for row, x in zip(probs, u[:, 0])]
+            ref = torch.cat([ref, torch.tensor(picks)[:, None]], dim=1)
     for use_cache in (True, False):
         got = generate_ids(model, idx, max_new_tokens=100, generator=torch.Generator().manual_seed(7), use_cache=use_cache)
         assert torch.equal(got, ref)
@@ -201,6 +203,27 @@ def test_top_p_just_above_and_below_each_cumulative_sum(logits, k, offset, above
     assert kept.sum() == _brute_force_nucleus_size(probs, p)
 
 
+@pytest.mark.parametrize("p", [0.05, 0.5, 0.9, 0.99, 0.999999])
+def test_top_p_over_a_gpt2_sized_vocabulary_against_a_full_sort(p):
+    """Rows peaked to flat (nuclei from one token to most of 50,257) in one batch, so the filter's
+    shortcut (sort only the likeliest k) is tried at every depth, and shared by rows that need
+    different k; the kept set against NumPy's full sort of every row."""
+    gen = torch.Generator().manual_seed(int(p * 1e6))
+    scales = torch.tensor([[12.0], [4.0], [1.5], [0.3], [0.0]])
+    logits = torch.randn(5, 50257, generator=gen) * scales
+    logits[4] = torch.arange(50257) * 1e-4  # all distinct, nearly flat
+    kept = torch.isfinite(top_p_filter(logits, p)).numpy()
+    probs = torch.softmax(logits.double(), dim=-1).numpy()
+    for r in range(5):
+        order = np.argsort(-probs[r], kind="stable")
+        before = np.cumsum(probs[r][order]) - probs[r][order]  # mass ranked above each, float64
+        # float32 running sums over 50k tokens may be off by ~1e-5: those close to p go either way
+        must, may = max(1, int((before < p - 1e-4).sum())), max(1, int((before < p + 1e-4).sum()))
+        n = int(kept[r].sum())
+        assert must <= n <= may, (r, must, n, may)
+        assert kept[r][order[:n]].all()  # the n most probable
+
+
 def test_top_p_by_hand():
     row = torch.log(torch.tensor([[0.2, 0.5, 0.3]]))
     for p, want in [(0.1, [False, True, False]), (0.4999, [False, True, False]), (0.5001, [False, True, True]),
@@ -252,6 +275,40 @@ def test_multinomial_draws_follow_the_distribution():
     freq = torch.bincount(draws, minlength=4).double() / 20000
     want = torch.softmax(torch.tensor([0.0, 1.0, 2.0, -1.0], dtype=torch.float64), 0)
     assert torch.allclose(freq, want, atol=0.015)
+
+
+def test_a_draw_never_lands_on_a_filtered_token_and_bad_scores_are_refused():
+    inf = float("-inf")
+    rows = torch.tensor([[inf, 0.0, inf, 0.0, inf], [3.0, inf, inf, inf, inf], [inf, inf, inf, inf, -2.0]])
+    draws = sample(rows.repeat(4000, 1), make_generator(1)).view(4000, 3)
+    assert set(draws[:, 0].tolist()) == {1, 3} and abs((draws[:, 0] == 1).double().mean() - 0.5) < 0.03
+    assert (draws[:, 1] == 0).all() and (draws[:, 2] == 4).all()  # the only finite score, first or last
+    with pytest.raises(ValueError, match="NaN"):
+        sample(torch.tensor([[0.0, float("nan")]]))
+    with pytest.raises(ValueError, match="-inf"):
+        sample(torch.tensor([[inf, inf]]))
+
+
+@pytest.mark.parametrize("u", [0.0, 1.0 - 2.0**-53, 1.0])  # the ends of [0, 1), and one past (rounding)
+def test_a_uniform_at_either_end_picks_the_first_or_last_token_that_can_be_drawn(u, monkeypatch):
+    inf = float("-inf")
+    rows = torch.tensor([[inf, inf, 1.0, 0.5, inf], [inf, 0.0, inf, 0.0, inf]])
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
+    want = [2, 1] if u == 0.0 else [3, 3]
+    assert sample(rows).tolist() == want
+
+
+def test_draws_follow_a_wide_distribution():
+    """1000 tokens of very different probabilities (GPT-2 has 50,257): the frequency of each
+    decile of the vocabulary, and of the 5 likeliest tokens, against softmax in float64."""
+    logits = torch.linspace(-6.0, 2.0, 1000)[torch.randperm(1000, generator=torch.Generator().manual_seed(0))]
+    gen = make_generator(3)
+    draws = torch.cat([sample(logits[None].repeat(5000, 1), gen) for _ in range(20)])  # 100,000 draws
+    want = torch.softmax(logits.double(), 0)
+    freq = torch.bincount(draws, minlength=1000).double() / 100_000
+    assert torch.allclose(freq.view(10, 100).sum(1), want.view(10, 100).sum(1), atol=0.006)
+    top = torch.topk(want, 5).indices
+    assert torch.allclose(freq[top], want[top], atol=0.004)
 
 
 def test_one_seed_one_output_whatever_the_global_rng_does():
