@@ -13,7 +13,7 @@ median over runs. The strict share, against the highest bandwidth seen anywhere 
 (before the first shape, after each, and beside every run), is reported beside it. The KV cache (a few MB here) is not counted: it is state,
 not weights, so the limit is slightly optimistic and the fraction slightly pessimistic.
 
-Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random weights:
+Decoders, 128 new tokens after a 16-token prompt, on the same random weights; greedy:
 
     ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy; prompt
                         and steps through the compiled decode_step.c where it builds)
@@ -26,6 +26,12 @@ Decoders, all greedy, 128 new tokens after a 16-token prompt, on the same random
     ours fp32 no-cache  the plain loop of S20 (use_cache=False); one run, no warm-up, at gpt2-124m (slow)
     hf fp32             transformers GPT2LMHeadModel.generate(use_cache=True)
     hf bf16             the same model cast to bfloat16 (not with --quick)
+
+and, not greedy, sampling at temperature 0.8 among the top 200 (what a user's generation does; the
+ids differ, drawn from different random streams):
+
+    ours bf16 sampled   generate_ids(dtype=torch.bfloat16, temperature=0.8, top_k=200), seeded
+    hf fp32 sampled     generate(do_sample=True, temperature=0.8, top_k=200), torch.manual_seed first
 
 Runs are interleaved (a busy machine slows all alike); each decoder runs once to warm up (its
 time, "first s", includes building our decoding copy), then `repeats` times.
@@ -61,6 +67,7 @@ TARGET_VS_HF = 2.0
 TARGET_OF_LIMIT = 0.7
 
 
+SAMPLING = {"temperature": 0.8, "top_k": 200}  # the sampled decoders' settings
 PAIRED = {"ours fp32": "fp32", "ours bf16": "bf16"}  # our decoders whose runs get a bandwidth probe each
 
 
@@ -134,11 +141,13 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
         return lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, greedy=True, use_cache=use_cache,
                                     dtype=dtype)
 
-    def theirs(m):
+    def theirs(m, **sampling):
         def call():
+            if sampling:
+                torch.manual_seed(0)
             with torch.inference_mode():
                 return m.generate(prompt, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
-                                  do_sample=False, use_cache=True, num_beams=1)
+                                  do_sample=bool(sampling), use_cache=True, num_beams=1, **sampling)
         return call
 
     def ours_packed():
@@ -152,6 +161,9 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
 
     runs = {"ours fp32": ours(), "ours bf16": ours(torch.bfloat16), "ours fp32 no-cache": ours(use_cache=False),
             "hf fp32": theirs(hf)}
+    runs["ours bf16 sampled"] = lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, dtype=torch.bfloat16,
+                                                     seed=0, **SAMPLING)
+    runs["hf fp32 sampled"] = theirs(hf, **SAMPLING)
     if hf_bf16 is not None:
         runs["hf bf16"] = theirs(hf_bf16)
         if torch.backends.mkldnn.is_available():
@@ -198,10 +210,13 @@ def bench_shape(shape: str, repeats: int, quick: bool = False) -> dict[str, Any]
     return {
         "shape": shape, "params": model.num_params(), "prompt": PROMPT_LEN, "new_tokens": NEW_TOKENS,
         "decoders": decoders, "bandwidth_after": bandwidth, "bytes_per_token": bytes_per_token, "paired": paired,
-        "same_ids_as_hf_fp32": {n: bool(torch.equal(o, reference)) for n, o in outputs.items()},
+        "same_ids_as_hf_fp32": {n: bool(torch.equal(o, reference)) for n, o in outputs.items() if "sampled" not in n},
         "ratios": {
             "ours bf16 / hf fp32": decoders["ours bf16"]["median_tok_s"] / decoders["hf fp32"]["median_tok_s"],
             "ours fp32 / hf fp32": decoders["ours fp32"]["median_tok_s"] / decoders["hf fp32"]["median_tok_s"],
+            "ours bf16 sampled / hf fp32 sampled":
+                decoders["ours bf16 sampled"]["median_tok_s"] / decoders["hf fp32 sampled"]["median_tok_s"],
+            "ours bf16 sampled / ours bf16": decoders["ours bf16 sampled"]["median_tok_s"] / decoders["ours bf16"]["median_tok_s"],
             "ours fp32 / ours fp32 no-cache":
                 decoders["ours fp32"]["median_tok_s"] / decoders["ours fp32 no-cache"]["median_tok_s"],
             **({"ours bf16 / hf bf16": decoders["ours bf16"]["median_tok_s"] / decoders["hf bf16"]["median_tok_s"]}

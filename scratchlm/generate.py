@@ -172,19 +172,29 @@ def choose_next(
 
     Greedy (or temperature 0) takes the argmax after the repetition penalty; the filters only
     reshape a distribution to sample from, and cannot change which token is the most likely.
+
+    After top-k, the later stages work on the k candidates alone (B, k) when no other token ties
+    with the k-th: every other token is -inf by then, so top-p, min-p and the draw give the same
+    distribution, and 200 scores cost far less than 50,257.
     """
     if previous is not None:
         logits = apply_repetition_penalty(logits, previous, repetition_penalty)
     if greedy or temperature == 0:
         return greedy_ids(logits)
     logits = apply_temperature(logits, temperature)
-    if top_k is not None:
-        logits = top_k_filter(logits, top_k)
+    candidates = None  # (B, k) vocabulary ids of the columns of `logits`, once narrowed to them
+    if top_k is not None and top_k < logits.shape[-1]:
+        top, ids = torch.topk(logits, top_k, dim=-1)  # (B, k) each
+        if bool(((logits >= top[..., -1:]).sum(dim=-1) <= top_k).all()):  # no tie beyond the k-th
+            logits, candidates = top, ids
+        else:
+            logits = top_k_filter(logits, top_k)
     if top_p is not None:
         logits = top_p_filter(logits, top_p)
     if min_p is not None:
         logits = min_p_filter(logits, min_p)
-    return sample(logits, generator)
+    drawn = sample(logits, generator)
+    return drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
 
 
 def check_sampling_options(

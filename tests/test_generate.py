@@ -298,6 +298,38 @@ def test_a_uniform_at_either_end_picks_the_first_or_last_token_that_can_be_drawn
     assert sample(rows).tolist() == want
 
 
+def _frequencies(logits: torch.Tensor, n_batches: int = 20, **options) -> torch.Tensor:
+    gen = make_generator(4)
+    draws = torch.cat([choose_next(logits[None].repeat(5000, 1), generator=gen, **options) for _ in range(n_batches)])
+    return torch.bincount(draws, minlength=logits.numel()).double() / draws.numel()
+
+
+def test_top_k_with_top_p_and_min_p_draws_what_the_numpy_pipeline_says():
+    """The draw after top-k (narrowed to the k candidates) against the whole pipeline written
+    out in NumPy over the full vocabulary: top-k, then the nucleus, then min-p, then softmax."""
+    logits = torch.randn(300, generator=torch.Generator().manual_seed(5)) * 2.0
+    x = logits.double().numpy() / 0.9
+    keep = x >= np.sort(x)[::-1][39]  # top 40
+    probs = np.where(keep, np.exp(x - x.max()), 0.0)
+    probs /= probs.sum()
+    order = np.argsort(-probs, kind="stable")
+    before = np.cumsum(probs[order]) - probs[order]
+    nucleus = np.zeros_like(keep)
+    nucleus[order[: max(1, int((before < 0.8).sum()))]] = True
+    probs = np.where(nucleus & (probs >= 0.03 * probs.max()), probs, 0.0)
+    want = torch.from_numpy(probs / probs.sum())
+    freq = _frequencies(logits, temperature=0.9, top_k=40, top_p=0.8, min_p=0.03)
+    assert (freq[want == 0] == 0).all() and (want > 0).sum() > 5
+    assert torch.allclose(freq, want, atol=0.006)
+
+
+def test_top_k_keeps_tokens_tied_with_the_kth_in_the_draw():
+    logits = torch.tensor([3.0, 2.0, 1.0, 2.0, 0.0])  # k = 2: tokens 1 and 3 tie for second place
+    freq = _frequencies(logits, n_batches=4, top_k=2)
+    want = torch.softmax(torch.tensor([3.0, 2.0, -math.inf, 2.0, -math.inf], dtype=torch.float64), 0)
+    assert torch.allclose(freq, want, atol=0.015) and freq[3] > 0.1
+
+
 def test_draws_follow_a_wide_distribution():
     """1000 tokens of very different probabilities (GPT-2 has 50,257): the frequency of each
     decile of the vocabulary, and of the 5 likeliest tokens, against softmax in float64."""
