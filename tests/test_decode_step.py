@@ -79,6 +79,16 @@ def _check(steps) -> None:
         assert off_ref <= 2e-3 * scale, (off_ref, off_full, scale)
 
 
+def _check_last(model: GPT, ref: GPT, prefix: torch.Tensor, got: torch.Tensor, dtype: str) -> None:
+    """A call's logits `got` against the last position of the model's forward over `prefix`: the
+    by-hand bfloat16 reference (`ref`) in bfloat16, the model itself in float32."""
+    full = model.lm_head(model.forward_hidden(prefix))[:, -1]
+    if dtype == "bfloat16":
+        _check([(got, ref.lm_head(ref.forward_hidden(prefix))[:, -1], full)])
+    else:
+        torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+
+
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
 @pytest.mark.parametrize("batch", [1, 3, 8])  # 8: the most rows the kernel takes
 def test_each_step_matches_the_model_on_rounded_weights(name, batch):
@@ -124,12 +134,7 @@ def test_several_positions_per_call_match_the_model(name, dtype):
             got = step(idx[:, n : n + width], cache)
             n += width
             assert got is not None and cache.length == n
-            want = ref.lm_head(ref.forward_hidden(idx[:, :n]))[:, -1]
-            full = model.lm_head(model.forward_hidden(idx[:, :n]))[:, -1]
-            if dtype == "bfloat16":
-                _check([(got, want, full)])
-            else:
-                torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+            _check_last(model, ref, idx[:, :n], got, dtype)
     assert n == TINY["block_size"]
 
 
@@ -272,12 +277,7 @@ def test_a_prompt_of_more_rows_goes_in_pieces_and_matches_the_model(name, dtype,
         for n in range(prompt, prompt + 4):
             got = step(idx[:, cache.length : n], cache)
             assert got is not None and cache.length == n
-            want = ref.lm_head(ref.forward_hidden(idx[:, :n]))[:, -1]
-            full = model.lm_head(model.forward_hidden(idx[:, :n]))[:, -1]
-            if dtype == "bfloat16":
-                _check([(got, want, full)])
-            else:
-                torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+            _check_last(model, ref, idx[:, :n], got, dtype)
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama", "odd-widths-relu"])
