@@ -62,8 +62,8 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
     for (; c < k / 32; c++) {
         /* With 6 or more rows the products take about as long as the reads, and the hardware
          * prefetcher alone no longer keeps them apart: asking for the weights 2 KB ahead lets the
-         * two overlap (8 rows: about 0.65x the time over a GPT-2's weights). With fewer rows it
-         * costs up to 10% instead. */
+         * two overlap (8 rows: about 0.65x the time over a GPT-2's weights). At 4 rows it costs
+         * 5-15% instead. */
         if (m >= 6) _mm_prefetch((const char *)(w_row + c * 32) + 2048, _MM_HINT_T0);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w_row + c * 32));
         for (int r = 0; r < m; r++) acc[r] = _mm512_dpbf16_ps(acc[r], wv, xb[r * n_chunks + c]);

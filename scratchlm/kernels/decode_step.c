@@ -175,8 +175,9 @@ static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 /* ids (B, T) -> logits (B, vocab) of each sequence's last position, B * T <= MAX_ROWS (T > 1: a
  * short prompt, or its next piece). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32,
  * positions 0..pos-1 filled; positions pos..pos+T-1 are written. logits NULL: the final norm and
- * the head are skipped (a piece of a prompt before its last needs only the cache). Returns 0, -1 for a failed
- * allocation, -2 for arguments out of range (B * T, pos + T, an id); nothing is written then. */
+ * the head are skipped (a piece of a prompt before its last needs only the cache). Returns 0, -1
+ * for a failed allocation, -2 for arguments out of range (B * T, pos + T, an id); nothing is
+ * written then. */
 int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos, float *k_cache,
                           float *v_cache, float *logits, int n_threads)
 {
