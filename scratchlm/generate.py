@@ -143,11 +143,11 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> to
     By inverting the cumulative distribution: lay the probabilities end to end on [0, total),
     draw u uniformly there, and take the token whose stretch holds u (the first whose running
     total exceeds it). A token of probability q owns a stretch of length q, so it is drawn with
-    probability q; a filtered-out token (probability 0) owns none. In float64, so 50k running
-    sums lose nothing visible. One uniform per row: about 0.1 ms for GPT-2's 50,257 scores,
-    where torch.multinomial takes about 1 ms, a fifth of a decoding step at 2 threads."""
-    probs = F.softmax(logits.double(), dim=-1)
-    running = torch.cumsum(probs, dim=-1)  # (B, V)
+    probability q; a filtered-out token (probability 0) owns none. The running sums are float64,
+    so 50k of them lose nothing visible. One uniform per row: about 0.1 ms for GPT-2's 50,257
+    scores, where torch.multinomial takes about 1 ms, a fifth of a decoding step at 2 threads."""
+    probs = F.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
+    running = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # (B, V)
     total = running[:, -1:]  # (B, 1), 1 up to rounding
     if not bool(torch.isfinite(total).all()):
         raise ValueError("cannot sample: the scores contain NaN, or every one of them is -inf")
