@@ -19,7 +19,7 @@ Decoders, 128 new tokens after a 16-token prompt, on the same random weights; gr
                         and steps through the compiled decode_step.c where it builds)
     ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations;
                         where scratchlm.kernels builds, the compiled decode_step.c takes the
-                        prompt (16 rows: two calls of 8) and then 8 greedy steps per call
+                        prompt (16 rows: two calls of 8) and then up to 8 greedy steps per call
     ours bf16 oneDNN    the same copy with layout="packed": oneDNN's packed bfloat16 matmul through
                         the model's modules, the library path the kernels replace (attention still
                         through attend_one; not with --quick)

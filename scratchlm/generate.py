@@ -22,13 +22,14 @@ matrix), so the steps run on a decoding copy of the model (`decoding_model`): it
 once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes.
 Where scratchlm.kernels builds, a one-token step of a pre-norm model is one call to compiled code
 (scratchlm.kernels.decode_step) instead of a few hundred torch operations, and greedy decoding
-runs GREEDY_CHUNK such steps per call.
+runs up to GREEDY_CHUNK such steps per call.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+import time
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
@@ -257,11 +258,16 @@ def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None)
 
 
 GREEDY_CHUNK = 8
-"""Greedy steps per call of the compiled step. Each call streams the whole model through the
-caches, so whatever Python runs between two calls finds its data evicted and runs about 20x slower
-than usual: about 0.2 ms a token at GPT-2 size (4% of a step), paid once per chunk instead. A
-consumer that stops early (an end token, a stop string) leaves at most GREEDY_CHUNK - 1 steps
+"""The most greedy steps per call of the compiled step. Each call streams the whole model through
+the caches, so whatever Python runs between two calls finds its data evicted and runs about 20x
+slower than usual: about 0.2 ms a token at GPT-2 size (4% of a step), paid once per chunk instead.
+A consumer that stops early (an end token, a stop string) leaves at most GREEDY_CHUNK - 1 steps
 computed and unused."""
+
+GREEDY_LATENCY = 0.05
+"""Seconds of steps one chunk may hold back from a streaming reader: a model whose step takes
+longer than GREEDY_LATENCY / GREEDY_CHUNK gets shorter chunks (one step each past 50 ms a step,
+where 0.2 ms is nothing anyway), so its tokens still arrive one by one."""
 
 
 def _greedy_steps(model: GPT, last: torch.Tensor, steps: int, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -524,16 +530,21 @@ def iter_tokens(
     penalise = repetition_penalty != 1.0
     cache = KVCache(model.config, B, device=device, dtype=dtype) if use_cache else None
 
-    # Greedy steps with the compiled step run GREEDY_CHUNK at a time in one call (see _greedy_steps).
+    # Greedy steps with the compiled step run up to GREEDY_CHUNK at a time in one call (see
+    # _greedy_steps), as many as fit in GREEDY_LATENCY by the last chunk's pace.
     chunked = (greedy or temperature == 0) and not penalise and cache is not None
+    per_step = None  # seconds a compiled greedy step took in the last chunk: sizes the next
     was_training = model.training
     model.eval()
     try:
         step = 0
         while step < max_new_tokens:
             if chunked and step > 0 and cache.length < block:
-                size = min(GREEDY_CHUNK, max_new_tokens - step, block - cache.length)
+                size = 1 if per_step is None else max(1, min(GREEDY_CHUNK, int(GREEDY_LATENCY / max(per_step, 1e-9))))
+                size = min(size, max_new_tokens - step, block - cache.length)
+                start = time.perf_counter()
                 chunk = _greedy_steps(decoder, seq[:, n - 1 : n], size, cache)
+                per_step = (time.perf_counter() - start) / size
                 if chunk is not None:
                     for next_ids, logits in zip(*chunk):
                         seq[:, n] = next_ids

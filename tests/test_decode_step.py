@@ -203,7 +203,7 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
         _last_logits(fast, torch.tensor([[V]]), KVCache(model.config, 1))
 
 
-def test_generation_uses_it_and_keeps_greedy_tokens():
+def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
     from scratchlm import generate as gen
@@ -229,10 +229,11 @@ def test_generation_uses_it_and_keeps_greedy_tokens():
         describes = step.describes
 
     gen._FUSED_STEPS[copy] = Counting()
+    monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # chunk sizes that do not depend on the machine's speed
     try:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
-        # the prompt (3 rows), then the other 7 steps in one call
-        assert calls == [("step", 3, True), ("greedy", 7, True)]
+        # the prompt (3 rows), then one step (timed), then the other 6 in one call
+        assert calls == [("step", 3, True), ("greedy", 1, True), ("greedy", 6, True)]
         assert torch.equal(ids, ids_plain)
         calls.clear()  # a repetition penalty changes the scores between steps: one call per step
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", repetition_penalty=1.3)
@@ -343,10 +344,11 @@ def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
         assert int(ids[s, 0]) == 5 == int(greedy_ids(row[None])[0])
 
 
-def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens():
-    """Greedy steps go GREEDY_CHUNK per call, the last chunk ending at the context's edge, where the
-    window starts to slide (a re-prefill per step); the ids are those of the plain loop without a
-    cache all the way."""
+def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens(monkeypatch):
+    """Greedy steps go in chunks: one step first (to time it), then up to GREEDY_CHUNK while a
+    chunk stays within GREEDY_LATENCY, the last ending at the context's edge, where the window
+    starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
+    all the way. A step slower than the latency budget allows goes one per call."""
     from scratchlm import generate as gen
 
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
@@ -368,11 +370,14 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
 
     gen._FUSED_STEPS[copy] = Recording()
     try:
-        ids = generate_ids(model, idx, max_new_tokens=30, greedy=True, temperature=0.0)
+        monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # a tiny model's steps fit many times over
+        assert torch.equal(generate_ids(model, idx, max_new_tokens=30, greedy=True, temperature=0.0), plain)
+        # from the prompt (3 positions) to the edge; past it every step re-prefills, which leaves the cache full
+        block = model.config.block_size
+        assert chunks == [(3, 1), (4, gen.GREEDY_CHUNK)] and 4 + gen.GREEDY_CHUNK == block
+        chunks.clear()
+        monkeypatch.setattr(gen, "GREEDY_LATENCY", 0.0)  # no step fits: one per call
+        assert torch.equal(generate_ids(model, idx, max_new_tokens=30, greedy=True), plain)
+        assert chunks == [(n, 1) for n in range(3, block)]
     finally:
         gen._FUSED_STEPS[copy] = step
-    assert torch.equal(ids, plain)
-    # Chunks from the prompt (3 positions) up to the edge; from there every step re-prefills the
-    # sliding window, which leaves the cache full, so no chunk follows.
-    block = model.config.block_size
-    assert chunks == [(3, gen.GREEDY_CHUNK), (3 + gen.GREEDY_CHUNK, block - 3 - gen.GREEDY_CHUNK)]
