@@ -381,3 +381,34 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
         assert chunks == [(n, 1) for n in range(3, block)]
     finally:
         gen._FUSED_STEPS[copy] = step
+
+
+def test_greedy_generation_of_more_sequences_than_the_step_takes_goes_the_usual_way():
+    """Nine sequences: the step declines the first chunk, so every later step goes through the
+    model's own modules, and the ids are still the plain loop's."""
+    from scratchlm import generate as gen
+
+    model = _model(14, **FUSED_VARIANTS["gpt2"])
+    idx = torch.randint(0, model.config.vocab_size, (KERNEL.max_rows + 1, 2), generator=torch.Generator().manual_seed(14))
+    copy = gen._decoder_for(model, 9, torch.float32)
+    step = gen._FUSED_STEPS[copy]
+    chunks = []
+
+    class Recording:
+        def __call__(self, idx, cache):
+            return step(idx, cache)
+
+        def greedy(self, last, steps, cache):
+            out = step.greedy(last, steps, cache)
+            chunks.append(out is None)
+            return out
+
+        describes = step.describes
+
+    gen._FUSED_STEPS[copy] = Recording()
+    try:
+        ids = generate_ids(model, idx, max_new_tokens=9, greedy=True, dtype="float32")
+    finally:
+        gen._FUSED_STEPS[copy] = step
+    assert chunks == [True]  # declined once, then not asked again
+    assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=9, greedy=True, use_cache=False, dtype="float32"))
