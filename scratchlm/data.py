@@ -328,15 +328,17 @@ def split_for_encoding(text: str, target: int = CHUNK_CHARS) -> list[str]:
     """Cut a long text into pieces of about `target` characters that encode to exactly the
     tokens of the whole text, so one big document still spreads over all cores.
 
-    Cuts fall after a newline that is followed by a non-space character. GPT-2's pre-tokenizer
+    Cuts fall after a newline with a non-space character on each side. GPT-2's pre-tokenizer
     regex (used by bpe and gpt2) only joins a newline with other whitespace, so no pre-token
-    spans such a cut, and BPE never merges across pre-tokens."""
+    spans such a cut, and BPE never merges across pre-tokens. Whitespace before the newline would
+    not do: at the end of a piece, "\n\n" (or "\r\n") is one pre-token, while in the whole text,
+    followed by a letter, it splits in two (the regex leaves a run's last space to what follows)."""
     if len(text) <= target:
         return [text]
     pieces, start = [], 0
     while len(text) - start > target:
         cut = text.find("\n", start + target)
-        while cut != -1 and cut + 1 < len(text) and text[cut + 1].isspace():
+        while cut != -1 and cut + 1 < len(text) and (text[cut + 1].isspace() or text[cut - 1].isspace()):
             cut = text.find("\n", cut + 1)
         if cut == -1 or cut + 1 >= len(text):
             break
