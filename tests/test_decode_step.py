@@ -7,6 +7,7 @@ reference), so a wrong norm, activation, position, head split or cache write sho
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import subprocess
 import sys
@@ -87,6 +88,37 @@ def _check_last(model: GPT, ref: GPT, prefix: torch.Tensor, got: torch.Tensor, d
         _check([(got, ref.lm_head(ref.forward_hidden(prefix))[:, -1], full)])
     else:
         torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
+
+
+@contextlib.contextmanager
+def _recorded_calls(copy):
+    """Wrap the FusedDecodeStep of decoding copy `copy` so that each call is recorded, as
+    ("step", positions, taken) or ("greedy", cache length, steps, taken); the step is put back
+    afterwards."""
+    from scratchlm import generate as gen
+
+    step = gen._FUSED_STEPS[copy]
+    calls: list[tuple] = []
+
+    class Recording:
+        describes = step.describes
+
+        def __call__(self, idx, cache):
+            out = step(idx, cache)
+            calls.append(("step", idx.shape[1], out is not None))
+            return out
+
+        def greedy(self, last, steps, cache):
+            length = cache.length
+            out = step.greedy(last, steps, cache)
+            calls.append(("greedy", length, steps, out is not None))
+            return out
+
+    gen._FUSED_STEPS[copy] = Recording()
+    try:
+        yield calls
+    finally:
+        gen._FUSED_STEPS[copy] = step
 
 
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
@@ -212,36 +244,17 @@ def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
     copy = gen._decoder_for(model, 8, torch.bfloat16)  # the copy generate_ids will reuse
-    step = gen._FUSED_STEPS[copy]
-    calls = []
-
-    class Counting:
-        def __call__(self, idx, cache):
-            out = step(idx, cache)
-            calls.append(("step", idx.shape[1], out is not None))
-            return out
-
-        def greedy(self, last, steps, cache):
-            out = step.greedy(last, steps, cache)
-            calls.append(("greedy", steps, out is not None))
-            return out
-
-        describes = step.describes
-
-    gen._FUSED_STEPS[copy] = Counting()
     monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # chunk sizes that do not depend on the machine's speed
-    try:
+    with _recorded_calls(copy) as calls:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
         # the prompt (3 rows), then one step (timed), then the other 6 in one call
-        assert calls == [("step", 3, True), ("greedy", 1, True), ("greedy", 6, True)]
+        assert calls == [("step", 3, True), ("greedy", 3, 1, True), ("greedy", 4, 6, True)]
         assert torch.equal(ids, ids_plain)
         calls.clear()  # a repetition penalty changes the scores between steps: one call per step
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", repetition_penalty=1.3)
         assert calls == [("step", 3, True)] + [("step", 1, True)] * 7
-        assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16",
-                                             repetition_penalty=1.3, use_cache=False))
-    finally:
-        gen._FUSED_STEPS[copy] = step
+    assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16",
+                                         repetition_penalty=1.3, use_cache=False))
 
 
 def test_a_copy_converted_after_it_was_built_drops_the_step():
@@ -355,32 +368,18 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")
     copy = gen._decoder_for(model, 30, torch.float32)
-    step = gen._FUSED_STEPS[copy]
-    chunks = []
-
-    class Recording:
-        def __call__(self, idx, cache):
-            return step(idx, cache)
-
-        def greedy(self, last, steps, cache):
-            chunks.append((cache.length, steps))
-            return step.greedy(last, steps, cache)
-
-        describes = step.describes
-
-    gen._FUSED_STEPS[copy] = Recording()
-    try:
+    block = model.config.block_size
+    with _recorded_calls(copy) as calls:
         monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # a tiny model's steps fit many times over
         assert torch.equal(generate_ids(model, idx, max_new_tokens=30, greedy=True, temperature=0.0), plain)
         # from the prompt (3 positions) to the edge; past it every step re-prefills, which leaves the cache full
-        block = model.config.block_size
+        chunks = [(length, steps) for kind, length, steps, *_ in calls if kind == "greedy"]
         assert chunks == [(3, 1), (4, gen.GREEDY_CHUNK)] and 4 + gen.GREEDY_CHUNK == block
-        chunks.clear()
+        calls.clear()
         monkeypatch.setattr(gen, "GREEDY_LATENCY", 0.0)  # no step fits: one per call
         assert torch.equal(generate_ids(model, idx, max_new_tokens=30, greedy=True), plain)
-        assert chunks == [(n, 1) for n in range(3, block)]
-    finally:
-        gen._FUSED_STEPS[copy] = step
+        assert [(length, steps) for kind, length, steps, *_ in calls if kind == "greedy"] == \
+            [(n, 1) for n in range(3, block)]
 
 
 def test_greedy_generation_of_more_sequences_than_the_step_takes_goes_the_usual_way():
@@ -391,24 +390,7 @@ def test_greedy_generation_of_more_sequences_than_the_step_takes_goes_the_usual_
     model = _model(14, **FUSED_VARIANTS["gpt2"])
     idx = torch.randint(0, model.config.vocab_size, (KERNEL.max_rows + 1, 2), generator=torch.Generator().manual_seed(14))
     copy = gen._decoder_for(model, 9, torch.float32)
-    step = gen._FUSED_STEPS[copy]
-    chunks = []
-
-    class Recording:
-        def __call__(self, idx, cache):
-            return step(idx, cache)
-
-        def greedy(self, last, steps, cache):
-            out = step.greedy(last, steps, cache)
-            chunks.append(out is None)
-            return out
-
-        describes = step.describes
-
-    gen._FUSED_STEPS[copy] = Recording()
-    try:
+    with _recorded_calls(copy) as calls:
         ids = generate_ids(model, idx, max_new_tokens=9, greedy=True, dtype="float32")
-    finally:
-        gen._FUSED_STEPS[copy] = step
-    assert chunks == [True]  # declined once, then not asked again
+    assert [taken for kind, *_, taken in calls if kind == "greedy"] == [False]  # declined once, then not asked again
     assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=9, greedy=True, use_cache=False, dtype="float32"))
