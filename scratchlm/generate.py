@@ -240,15 +240,22 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 # --------------------------------------------------------------------------------------------
 
 
+def _fused_step(model: GPT) -> FusedDecodeStep | None:
+    """The compiled step built for decoding copy `model`, or None: none was built, or the copy was
+    converted after it was (.double(), .to(device)), and the stale step is forgotten."""
+    step = _FUSED_STEPS.get(model)
+    if step is not None and not step.describes(model):
+        del _FUSED_STEPS[model]
+        return None
+    return step
+
+
 def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
     """ids (B, T) -> scores of the next token (B, V), at least float32. Only the last position
     reaches lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product
     thrown away. A decoding copy with a FusedDecodeStep sends it the calls it takes: one new token
-    per sequence, or a prompt of at most its row limit (8) in all."""
-    step = _FUSED_STEPS.get(model) if kv_cache is not None else None
-    if step is not None and not step.describes(model):  # the copy was converted after it was built
-        del _FUSED_STEPS[model]
-        step = None
+    per sequence, or a prompt of at most its `max_prompt` rows (16) in all."""
+    step = _fused_step(model) if kv_cache is not None else None
     logits = step(idx, kv_cache) if step is not None else None  # None: not a call it takes
     if logits is not None:
         return logits
@@ -275,10 +282,8 @@ def _greedy_steps(model: GPT, last: torch.Tensor, steps: int, kv_cache: KVCache)
     the newest token of each sequence: (ids (steps, B), logits (steps, B, V)), the same as that
     many rounds of _last_logits and greedy_ids. None when the copy has no step, or the step
     declines (the cache is then untouched)."""
-    step = _FUSED_STEPS.get(model)
-    if step is None or not step.describes(model):
-        return None
-    return step.greedy(last, steps, kv_cache)
+    step = _fused_step(model)
+    return None if step is None else step.greedy(last, steps, kv_cache)
 
 
 def _default_layout(dtype: torch.dtype) -> str:
