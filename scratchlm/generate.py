@@ -28,6 +28,7 @@ runs up to GREEDY_CHUNK such steps per call.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 import time
 import warnings
@@ -294,11 +295,18 @@ def _default_layout(dtype: torch.dtype) -> str:
     return "packed" if _mkldnn_packing_available() else "in_out"
 
 
+@functools.lru_cache(maxsize=1)
 def _mkldnn_packing_available() -> bool:
+    """Whether oneDNN packs and multiplies bfloat16 weights here: tried once on a tiny matrix, since
+    its ops exist on every x86 build but refuse CPUs without AVX-512 (or AVX-NE-CONVERT)."""
     ops = getattr(torch.ops, "mkldnn", None)
     try:
-        return torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight") \
-            and hasattr(ops, "_linear_pointwise")
+        if not (torch.backends.mkldnn.is_available() and hasattr(ops, "_reorder_linear_weight")
+                and hasattr(ops, "_linear_pointwise")):
+            return False
+        packed = ops._reorder_linear_weight(torch.ones(2, 2, dtype=torch.bfloat16), 1)
+        ops._linear_pointwise(torch.ones(1, 2, dtype=torch.bfloat16), packed, None, "none", [], "")
+        return True
     except (AttributeError, RuntimeError):
         return False
 

@@ -19,32 +19,57 @@ KERNEL = kernels.cpu_kernels()
 needs_kernel = pytest.mark.skipif(KERNEL is None, reason=f"bf16 gemv kernel: {kernels.kernel_status()}")
 
 
-def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """float64 x W^T + b, with x rounded to bfloat16 where the kernel's VDPBF16PS path does so."""
-    if KERNEL.uses_dpbf16:
+def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernel=None) -> torch.Tensor:
+    """float64 x W^T + b, with x rounded to bfloat16 where the kernel's loop does so (the
+    AVX512-BF16 loop; `rounds_input`, documented in bf16_dot.h)."""
+    if (kernel or KERNEL).rounds_input:
         x = x.bfloat16()
     y = x.double() @ weight.double().t()
     return y if bias is None else y + bias.double()
 
 
-@needs_kernel
 @pytest.mark.parametrize("rows", [1, 2, 5, 8])
 @pytest.mark.parametrize("n_out, k", [(96, 64), (50, 37), (7, 1000), (300, 31), (2304, 768)])
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-def test_gemv_matches_a_float64_matmul(rows, n_out, k, with_bias, dtype):
+def test_gemv_matches_a_float64_matmul(kernel_variant, rows, n_out, k, with_bias, dtype):
     g = torch.Generator().manual_seed(rows * 1000 + k)
     weight = torch.randn(n_out, k, generator=g).to(dtype)
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(n_out, generator=g) if with_bias else None
-    got = KERNEL(x, weight, bias)
+    got = kernel_variant(x, weight, bias)
     if dtype == torch.float32:  # float32 weights: the input is not rounded
         want = x.double() @ weight.double().t() + (0 if bias is None else bias.double())
     else:
-        want = _reference(x, weight, bias)
+        want = _reference(x, weight, bias, kernel_variant)
     assert got.dtype == torch.float32 and got.shape == (rows, n_out)
     # float32 sums of k products of size ~1: a few float32 ulps of sqrt(k)
     torch.testing.assert_close(got.double(), want, atol=2e-6 * k ** 0.5 * 4, rtol=1e-5)
+    if dtype == torch.bfloat16:  # and the other rounding is clearly off: the check tells them apart
+        other = x.double() if kernel_variant.rounds_input else x.bfloat16().double()
+        wrong = other @ weight.double().t() + (0 if bias is None else bias.double())
+        assert (wrong - want).abs().max() > 10 * 2e-6 * k ** 0.5 * 4
+
+
+def test_each_variant_builds_the_loop_it_names(kernel_variant):
+    """Which loop of bf16_dot.h each variant compiles, and how it rounds: the fixed x86 levels by
+    their instruction sets; "native" by what this CPU has (AVX512-BF16 unless switched off)."""
+    from scratchlm import cpu
+
+    expected = {"x86-64-v4": "avx512f", "x86-64-v3": "avx2", "x86-64-v2": "portable", "scalar": "portable"}
+    if kernel_variant.variant == "native":
+        if cpu.native_bf16() and cpu.is_x86():
+            assert kernel_variant.loop == "avx512-bf16"
+        elif {"avx512f", "avx512bw", "avx512vl"} <= cpu.cpu_flags():
+            assert kernel_variant.loop == "avx512f"
+        elif {"avx2", "fma"} <= cpu.cpu_flags():
+            assert kernel_variant.loop == "avx2"
+        else:
+            assert kernel_variant.loop == "portable"
+    else:
+        assert kernel_variant.loop == expected[kernel_variant.variant]
+    assert kernel_variant.rounds_input == (kernel_variant.loop == "avx512-bf16") == kernel_variant.uses_dpbf16
+    assert kernels.kernel_status().startswith(f"compiled ({kernel_variant.variant}: {kernel_variant.loop} loop")
 
 
 @needs_kernel
@@ -87,6 +112,8 @@ def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
     full_env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), **env}
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
     assert done.returncode == 0, done.stderr
+    if done.stdout.startswith("build failed"):  # one line says so, no traceback
+        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: decoding kernels not used")
     return done.stdout
 
 
@@ -99,7 +126,7 @@ def test_switched_off_by_the_environment(tmp_path):
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the kernel is only built on Linux")
 def test_a_failing_compiler_falls_back_and_leaves_no_half_built_library(tmp_path):
-    out = _status_in_subprocess({"CC": "false"}, tmp_path)
+    out = _status_in_subprocess({"CC": "false"}, tmp_path)  # also checks the one line on stderr
     assert out.startswith("build failed"), out
     assert out.splitlines()[1] in ("packed", "in_out")
     assert list((tmp_path / "cache" / "kernels").iterdir()) == []  # the temporary file was removed
@@ -124,26 +151,50 @@ def test_built_once_then_loaded_from_the_cache(tmp_path):
     assert [p.stat().st_mtime_ns for p in (tmp_path / "cache" / "kernels").glob("*.so")] == [stamp]
 
 
-@pytest.mark.skipif(sys.platform != "linux" or kernels._compiler() is None, reason="needs Linux and a C compiler")
-def test_the_portable_loop_matches_a_float64_matmul(tmp_path):
-    """The plain-C version, compiled here with AVX512-BF16 switched off (what a CPU without it
-    gets); it keeps x in float32, so the reference does not round x."""
-    import ctypes
-
-    path = tmp_path / "portable.so"
-    done = subprocess.run([kernels._compiler(), *kernels.FLAGS, "-mno-avx512bf16", "-o", str(path),
-                           *map(str, kernels.SOURCES), "-lm"],
-                          capture_output=True, text=True, timeout=300)
+def test_an_unknown_variant_falls_back_with_one_line(tmp_path):
+    code = "from scratchlm import kernels\nprint(kernels.kernel_status())\nprint(kernels.cpu_kernels())\n"
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "SCRATCHLM_KERNEL_VARIANT": "avx9000"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
-    portable = kernels.CpuKernels(ctypes.CDLL(str(path)), path)
-    assert not portable.uses_dpbf16
-    g = torch.Generator().manual_seed(11)
-    for rows, n_out, k in [(1, 300, 37), (3, 2304, 768), (8, 50, 1000)]:
-        weight = torch.randn(n_out, k, generator=g).bfloat16()
-        x = torch.randn(rows, k, generator=g)
-        bias = torch.randn(n_out, generator=g)
-        want = x.double() @ weight.double().t() + bias.double()
-        torch.testing.assert_close(portable(x, weight, bias).double(), want, atol=1e-5 * k ** 0.5, rtol=1e-5)
+    assert done.stdout.startswith("unknown variant 'avx9000'") and done.stdout.splitlines()[1] == "None"
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: decoding kernels not used")
+
+
+def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):
+    """Running a library built for instructions the CPU lacks would crash the process (SIGILL):
+    such a variant is refused before the compiler is called."""
+    from scratchlm import cpu
+
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse4_2", "ssse3", "popcnt", "cx16"}))
+    monkeypatch.setattr(cpu, "is_x86", lambda: True)
+    monkeypatch.setattr(kernels, "_loaded", {})
+    monkeypatch.setattr(kernels, "_warned", set())
+    monkeypatch.setattr(kernels, "_build", lambda *a: pytest.fail("built a variant the CPU cannot run"))
+    assert kernels.runnable_variants() == ["native", "x86-64-v2", "scalar"]
+    assert kernels.load_variant("x86-64-v3") is None
+    assert kernels.kernel_status("x86-64-v3").startswith("not runnable: this CPU cannot execute variant 'x86-64-v3'")
+
+
+@pytest.mark.skipif(sys.platform != "linux" or kernels._compiler() is None, reason="needs Linux and a C compiler")
+def test_flags_the_compiler_refuses_are_dropped_in_turn(tmp_path):
+    """A compiler that knows neither -march=native nor -fopenmp (some aarch64 and macOS clang
+    set-ups): the library is still built, without them, runs on one thread and computes the
+    same products."""
+    fake = tmp_path / "picky-cc"
+    fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in -march=native|-mcpu=native|-fopenmp) "
+                    "echo \"picky-cc: unknown option $a\" >&2; exit 1;; esac; done\n"
+                    f"exec {kernels._compiler()} \"$@\"\n")
+    fake.chmod(0o755)
+    code = ("from scratchlm import kernels\nimport torch\nk = kernels.cpu_kernels()\nprint(k.flags)\n"
+            "w = torch.randn(64, 40).bfloat16(); x = torch.randn(3, 40)\n"
+            "want = (x.bfloat16() if k.rounds_input else x).double() @ w.double().t()\n"
+            "print(float((k(x, w).double() - want).abs().max()))\n")
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "CC": str(fake)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    flags, error = done.stdout.splitlines()
+    assert "-march=native" not in flags and "-fopenmp" not in flags and "-O3" in flags
+    assert float(error) < 1e-4
 
 
 @needs_kernel

@@ -15,9 +15,16 @@ GPT-2-small token), and `decode_step.c` the whole step (scratchlm.kernels.decode
 
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
 or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,
-compiler and CPU, and loaded with ctypes. If there is no compiler, or the build fails, or SCRATCHLM_NO_KERNELS=1 is
-set, `cpu_kernels()` returns None and callers use PyTorch's own operations; `kernel_status()`
-says which and why.
+compiler, CPU and variant, and loaded with ctypes. If there is no compiler, or the build fails, or
+SCRATCHLM_NO_KERNELS=1 is set, `cpu_kernels()` returns None and callers use PyTorch's own
+operations; `kernel_status()` says which and why (a failed build also prints one line).
+
+Variants (`VARIANTS`): the instruction set the library is compiled for. "native" (the default)
+is whatever this CPU has; the others are fixed levels, so every loop of bf16_dot.h can be built
+and tested on any CPU that runs it (`runnable_variants()`): SCRATCHLM_KERNEL_VARIANT=x86-64-v3
+builds the AVX2 loop on an AVX-512 machine. Flags that a compiler or platform refuses
+(-march=native on some aarch64 compilers, -fopenmp on clang without libomp) are dropped in turn
+before the build is called failed; a library without OpenMP runs on one thread.
 """
 
 from __future__ import annotations
@@ -35,18 +42,36 @@ from pathlib import Path
 
 import torch
 
+from scratchlm import cpu
+from scratchlm.fileio import cache_home
+
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
 HEADERS = [Path(__file__).with_name("bf16_dot.h"), Path(__file__).with_name("attention.h")]  # included by the sources: part of the cache key
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11"]
+BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
+OPENMP = "-fopenmp"
+
+# name -> the instruction-set flags to try, in order (the first the compiler accepts is used)
+VARIANTS: dict[str, list[list[str]]] = {
+    "native": [["-march=native"], ["-mcpu=native"], []],  # every extension this CPU has
+    "x86-64-v4": [["-march=x86-64-v4"]],  # AVX-512 F/BW/DQ/VL, no BF16: the avx512f loop
+    "x86-64-v3": [["-march=x86-64-v3"]],  # AVX2 and FMA: the avx2 loop
+    "x86-64-v2": [["-march=x86-64-v2"]],  # SSE4.2: the portable loop, vectorised with SSE
+    "scalar": [["-fno-tree-vectorize", "-fno-tree-slp-vectorize"]],  # the portable loop, not vectorised
+}
+# the CPU flags (as /proc/cpuinfo names them) each fixed x86 level needs
+_X86_LEVELS = {
+    "x86-64-v4": {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx2", "fma"},
+    "x86-64-v3": {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"},
+    "x86-64-v2": {"sse4_2", "ssse3", "popcnt", "cx16"},
+}
 
 _lock = threading.Lock()
-_state: dict[str, object] = {}  # "kernel": CpuKernels | None, "reason": str
+_loaded: dict[str, tuple["CpuKernels | None", str]] = {}  # variant -> (kernels or None, reason)
+_warned: set[str] = set()
 
 
 def _cache_dir() -> Path:
-    from scratchlm.data import cache_home  # the one reading of $SCRATCHLM_CACHE; only at build time
-
     return cache_home() / "kernels"
 
 
@@ -59,38 +84,66 @@ def _compiler() -> str | None:
 
 def _cpu_flags() -> str:
     """What -march=native depends on: the CPU's feature flags (Linux), else the machine name."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith(("flags", "Features")):
-                    return line
-    except OSError:
-        pass
-    return platform.machine() + platform.processor()
+    flags = cpu.cpu_flags()
+    return " ".join(sorted(flags)) if flags else platform.machine() + platform.processor()
 
 
-def _build(cc: str) -> Path:
-    """Compile SOURCES into one library in the cache (atomically: a finished library or none) and
-    return its path."""
+def selected_variant() -> str:
+    """The variant `cpu_kernels()` loads: $SCRATCHLM_KERNEL_VARIANT, else "native"."""
+    return os.environ.get("SCRATCHLM_KERNEL_VARIANT", "").strip() or "native"
+
+
+def runnable_variants() -> list[str]:
+    """The variants this CPU can execute, "native" first. Off x86 only "native" and "scalar"."""
+    if not cpu.is_x86():
+        return ["native", "scalar"]
+    flags = cpu.cpu_flags()
+    return ["native", *(name for name, need in _X86_LEVELS.items() if need <= flags), "scalar"]
+
+
+def _isa_candidates(variant: str) -> list[list[str]]:
+    candidates = VARIANTS[variant]
+    if variant == "native" and cpu.forced_off():  # SCRATCHLM_CPU_BF16=0: build as a CPU without it would
+        candidates = [[*flags, "-mno-avx512bf16"] if flags[:1] == ["-march=native"] else flags for flags in candidates]
+    if variant == "native" and not cpu.is_x86():
+        candidates = [flags for flags in candidates if flags != ["-march=native"]] + [["-march=native"]]
+    return candidates
+
+
+def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
+    """Compile SOURCES into one library in the cache (atomically: a finished library or none);
+    return its path and the flags it was built with."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [path.read_text() for path in SOURCES + HEADERS]
-    key = hashlib.sha256("\0".join([*texts, " ".join(FLAGS), version, _cpu_flags()]).encode())
-    target = _cache_dir() / f"scratchlm-kernels-{key.hexdigest()[:16]}.so"
+    candidates = [[*BASE_FLAGS, *isa, *omp] for isa in _isa_candidates(variant) for omp in ([OPENMP], [])]
+    key = hashlib.sha256("\0".join([*texts, repr(candidates), version, _cpu_flags()]).encode())
+    target = _cache_dir() / f"scratchlm-kernels-{variant}-{key.hexdigest()[:16]}.so"
+    flags_file = target.with_suffix(".flags")
     if target.exists():
-        return target
+        try:
+            return target, flags_file.read_text().split()
+        except OSError:
+            pass  # built by an older scratchlm: build again
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
+    last_error = f"{cc} failed"
     try:
-        done = subprocess.run([cc, *FLAGS, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True, text=True,
-                              timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr.strip().splitlines()[-1] if done.stderr.strip() else f"{cc} failed")
-        os.replace(tmp, target)
+        for flags in candidates:
+            done = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True,
+                                  text=True, timeout=300)
+            if done.returncode == 0:
+                flags_tmp = flags_file.with_name(f".{flags_file.name}.{os.getpid()}.tmp")
+                flags_tmp.write_text(" ".join(flags))
+                os.replace(flags_tmp, flags_file)
+                os.replace(tmp, target)
+                return target, flags
+            if done.stderr.strip():
+                last_error = done.stderr.strip().splitlines()[-1]
+        raise RuntimeError(last_error)
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    return target
 
 
 class CpuKernels:
@@ -98,8 +151,10 @@ class CpuKernels:
     most `max_rows` rows (float32), weight (out, in) bfloat16 or float32, bias float32 or None; the
     result is float32, the products summed in float32. `attend_one` is a decoding step's attention."""
 
-    def __init__(self, lib: ctypes.CDLL, path: Path):
+    def __init__(self, lib: ctypes.CDLL, path: Path, variant: str = "native", flags: list[str] | None = None):
         self.path = path
+        self.variant = variant
+        self.flags = list(flags or [])
         self._fn = lib.scratchlm_gemv_bf16
         self._fn.restype = ctypes.c_int
         self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
@@ -108,6 +163,10 @@ class CpuKernels:
         self._fn_f32.argtypes = self._fn.argtypes
         self.max_rows = lib.scratchlm_gemv_max_rows()
         self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
+        lib.scratchlm_kernel_path.restype = ctypes.c_char_p
+        self.loop = lib.scratchlm_kernel_path().decode()  # which loop of bf16_dot.h: "avx512-bf16", "avx512f", ...
+        # True where a bfloat16 product rounds its float32 input to bfloat16 first (bf16_dot.h)
+        self.rounds_input = bool(lib.scratchlm_kernel_rounds_input())
         self._attend = lib.scratchlm_attend_one
         self._attend.restype = ctypes.c_int
         self._attend.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
@@ -170,37 +229,57 @@ class CpuKernels:
 
 
 def cpu_kernels() -> CpuKernels | None:
-    """The compiled kernels, or None where they cannot be had (see `kernel_status`). Built once
-    per machine (about half a second), loaded once per process."""
+    """The compiled kernels of the selected variant, or None where they cannot be had (see
+    `kernel_status`). Built once per machine (about a second), loaded once per process."""
+    return load_variant(selected_variant())
+
+
+def load_variant(variant: str) -> CpuKernels | None:
+    """The kernels compiled for `variant` (a key of VARIANTS), or None (the reason in
+    `kernel_status(variant)`); a failed build prints one line on stderr, once."""
     with _lock:
-        if "kernel" not in _state:
-            _state["kernel"], _state["reason"] = _load()
-        return _state["kernel"]  # type: ignore[return-value]
+        if variant not in _loaded:
+            _loaded[variant] = _load(variant)
+            kernel, reason = _loaded[variant]
+            if kernel is None and reason.startswith(("build failed", "unknown", "not runnable")) \
+                    and variant not in _warned:
+                _warned.add(variant)
+                print(f"scratchlm: decoding kernels not used: {reason} (`scratchlm doctor` says more)",
+                      file=sys.stderr)
+        return _loaded[variant][0]
 
 
-def kernel_status() -> str:
-    """One line: whether the decoding kernels are in use (and which gemv loop), or why not."""
-    kernel = cpu_kernels()
-    return str(_state["reason"]) if kernel is None else \
-        f"compiled ({'AVX512-BF16' if kernel.uses_dpbf16 else 'portable C'}): {kernel.path}"
+def kernel_status(variant: str | None = None) -> str:
+    """One line: whether the decoding kernels are in use (variant, loop, rounding), or why not."""
+    variant = variant or selected_variant()
+    kernel = load_variant(variant)
+    reason = _loaded[variant][1]
+    if kernel is None:
+        return reason
+    rounding = "rounds x to bfloat16" if kernel.rounds_input else "x stays float32"
+    return f"compiled ({variant}: {kernel.loop} loop, {rounding}): {kernel.path}"
 
 
-def _load() -> tuple[CpuKernels | None, str]:
+def _load(variant: str) -> tuple[CpuKernels | None, str]:
     if os.environ.get("SCRATCHLM_NO_KERNELS", "") not in ("", "0"):
         return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's matmul"
+    if variant not in VARIANTS:
+        return None, f"unknown variant {variant!r} (SCRATCHLM_KERNEL_VARIANT; one of {', '.join(VARIANTS)}): PyTorch's matmul"
     if sys.platform != "linux":
         return None, f"not built on {sys.platform} (Linux only): PyTorch's matmul"
+    if variant not in runnable_variants():
+        return None, f"not runnable: this CPU cannot execute variant {variant!r} (it can: {', '.join(runnable_variants())}): PyTorch's matmul"
     cc = _compiler()
     if cc is None:
         return None, "no C compiler found (set CC): PyTorch's matmul"
     try:
-        path = _build(cc)
+        path, flags = _build(cc, variant)
         try:
             lib = ctypes.CDLL(str(path))
         except OSError:  # a damaged file in the cache (a full disk, a copy cut short): build it again, once
             path.unlink(missing_ok=True)
-            path = _build(cc)
+            path, flags = _build(cc, variant)
             lib = ctypes.CDLL(str(path))
-        return CpuKernels(lib, path), "compiled"
+        return CpuKernels(lib, path, variant, flags), "compiled"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"build failed ({e}): PyTorch's matmul"

@@ -1,15 +1,23 @@
-/* The dot products both kernels are built on: one bfloat16 weight row (as nn.Linear stores it,
+/* The dot products every kernel is built on: one bfloat16 weight row (as nn.Linear stores it,
  * (out, in) row-major) against up to MAX_ROWS input rows, summed in float32; and the same for a
  * float32 weight row (dot_rows_f32).
  *
  * The input is first put in the form the loop reads (`prepare_input`), once per matrix, then
- * `dot_rows` is called for each weight row. Two versions, chosen when the file is compiled for
- * the machine at hand:
- *   - CPUs with AVX512-BF16: the input is rounded to bfloat16 (round to nearest even, as torch's
- *     .to(torch.bfloat16) and autocast do), 32 values to a vector, and VDPBF16PS multiplies 32
- *     weight/input pairs and adds them into 16 float32 sums.
- *   - any other CPU: plain C that widens each bfloat16 weight to float32 (the top 16 bits of a
- *     float32); the input stays float32 and the compiler vectorises the loop.
+ * `dot_rows` is called for each weight row. Which loop is compiled depends on the instruction set
+ * the file is compiled for (scratchlm/kernels/__init__.py: VARIANTS); KERNEL_PATH names it and
+ * ROUNDS_INPUT says how it rounds, which is what the tests check:
+ *   - "avx512-bf16" (AVX512-BF16): the input is rounded to bfloat16 (round to nearest even, as
+ *     torch's .to(torch.bfloat16) and autocast do), 32 values to a vector, and VDPBF16PS
+ *     multiplies 32 weight/input pairs (each product exact in float32) and adds them into 16
+ *     float32 sums. ROUNDS_INPUT 1.
+ *   - "avx512f" (AVX-512F and BW, no BF16), "avx2" (AVX2 and FMA): each bfloat16 weight is widened
+ *     to float32 in registers (its bits shifted to the top half of a float32, exact) and
+ *     multiplied into the float32 input with fused multiply-adds, 16 (8) lanes at a time. The
+ *     input is not rounded. ROUNDS_INPUT 0.
+ *   - "portable" (anything else): the same arithmetic in plain C, which the compiler vectorises
+ *     as far as the target allows (not at all in the "scalar" variant). ROUNDS_INPUT 0.
+ * In every path the sums are float32, in lanes added up at the end, so the order differs from a
+ * sequential sum by float32 rounding only.
  * Included by gemv_bf16.c and decode_step.c; everything here is static.
  */
 #ifndef SCRATCHLM_BF16_DOT_H
@@ -23,6 +31,8 @@
 #if defined(__AVX512BF16__) && defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
 #define HAVE_DPBF16 1
+#define KERNEL_PATH "avx512-bf16"
+#define ROUNDS_INPUT 1
 
 typedef __m512bh input_t; /* 32 bfloat16 inputs */
 
@@ -78,8 +88,9 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
 
 #else
 #define HAVE_DPBF16 0
+#define ROUNDS_INPUT 0
 
-typedef float input_t;
+typedef float input_t; /* the input stays float32 */
 
 static inline int64_t input_len(int64_t k) { return k; }
 
@@ -95,6 +106,94 @@ static inline __attribute__((always_inline)) float bf16_to_float(uint16_t v)
     memcpy(&f, &bits, sizeof f);
     return f;
 }
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#include <immintrin.h>
+#define KERNEL_PATH "avx512f"
+
+/* 16 bfloat16 weights widened to 16 float32 */
+static inline __attribute__((always_inline)) __m512 widen16(__m256i raw)
+{
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+
+/* sums[r] = w_row . x[r] for r < m. Up to 4 rows keep two sums each, so two chains of
+ * multiply-adds are in flight while the weights stream in; more rows have enough chains already. */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *x, int64_t k,
+                                                           float *sums, const int m)
+{
+    __m512 acc[MAX_ROWS][2];
+    for (int r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 32 <= k; i += 32) {
+        if (m >= 6) _mm_prefetch((const char *)(w_row + i) + 2048, _MM_HINT_T0); /* as in the BF16 loop */
+        const __m512 w0 = widen16(_mm256_loadu_si256((const __m256i *)(w_row + i)));
+        const __m512 w1 = widen16(_mm256_loadu_si256((const __m256i *)(w_row + i + 16)));
+        for (int r = 0; r < m; r++) {
+            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + i), acc[r][0]);
+            if (m <= 4)
+                acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + i + 16), acc[r][1]);
+            else
+                acc[r][0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + i + 16), acc[r][0]);
+        }
+    }
+    for (; i < k; i += 16) { /* the last k % 32 weights, 16 at a time; masked lanes read as zero */
+        const int64_t left = k - i < 16 ? k - i : 16;
+        const __mmask16 mask = (__mmask16)((1u << left) - 1);
+        const __m512 w0 = widen16(_mm256_maskz_loadu_epi16(mask, (const void *)(w_row + i)));
+        for (int r = 0; r < m; r++)
+            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask, x + r * k + i), acc[r][0]);
+    }
+    for (int r = 0; r < m; r++) sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
+}
+
+#elif defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define KERNEL_PATH "avx2"
+
+/* 8 bfloat16 weights widened to 8 float32 */
+static inline __attribute__((always_inline)) __m256 widen8(__m128i raw)
+{
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+}
+
+static inline __attribute__((always_inline)) float sum8(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* sums[r] = w_row . x[r] for r < m, as the AVX-512 loop with 8 lanes: up to 4 rows keep two sums
+ * each (16 ymm registers hold no more); the last k % 16 weights in plain C. */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *x, int64_t k,
+                                                           float *sums, const int m)
+{
+    __m256 acc[MAX_ROWS][2];
+    for (int r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= k; i += 16) {
+        if (m >= 6) _mm_prefetch((const char *)(w_row + i) + 2048, _MM_HINT_T0);
+        const __m256 w0 = widen8(_mm_loadu_si128((const __m128i *)(w_row + i)));
+        const __m256 w1 = widen8(_mm_loadu_si128((const __m128i *)(w_row + i + 8)));
+        for (int r = 0; r < m; r++) {
+            acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + i), acc[r][0]);
+            if (m <= 4)
+                acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + i + 8), acc[r][1]);
+            else
+                acc[r][0] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + i + 8), acc[r][0]);
+        }
+    }
+    for (int r = 0; r < m; r++) {
+        float sum = sum8(_mm256_add_ps(acc[r][0], acc[r][1]));
+        for (int64_t j = i; j < k; j++) sum += bf16_to_float(w_row[j]) * x[r * k + j];
+        sums[r] = sum;
+    }
+}
+
+#else
+#define KERNEL_PATH "portable"
 
 #define LANES 16
 
@@ -116,7 +215,8 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
     }
 }
 
-#endif
+#endif /* the widening loops */
+#endif /* HAVE_DPBF16 */
 
 /* The same for float32 weights (decoding without bfloat16): sums[r] = w_row . x[r], x float32
  * (m, k). Sixteen independent lanes per row, which the compiler turns into vector FMAs. */

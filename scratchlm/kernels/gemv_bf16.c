@@ -6,7 +6,7 @@
  * in cache (bf16_dot.h); rows are split between threads in contiguous blocks (OpenMP, the same
  * runtime torch uses, so torch.set_num_threads applies). Products are summed in float32.
  *
- * Built on first use by scratchlm/kernels/__init__.py (gcc -O3 -march=native -fopenmp) and called
+ * Built on first use by scratchlm/kernels/__init__.py (gcc -O3 -march=..., -fopenmp) and called
  * through ctypes; nothing here knows about torch. decode_step.c uses the same dot products for a
  * whole decoding step in one call.
  */
@@ -17,6 +17,8 @@
 
 int scratchlm_gemv_max_rows(void) { return MAX_ROWS; }
 int scratchlm_gemv_uses_dpbf16(void) { return HAVE_DPBF16; }
+const char *scratchlm_kernel_path(void) { return KERNEL_PATH; } /* which loop bf16_dot.h compiled */
+int scratchlm_kernel_rounds_input(void) { return ROUNDS_INPUT; } /* 1: bfloat16 products round x */
 
 /* y = x W^T + b: w (n_out, k) bfloat16 bits, or float32 when `f32`; x: (m, k) float32; bias:
  * (n_out,) float32 or NULL; y: (m, n_out) float32. All contiguous. Returns 0, or -1 for an m
