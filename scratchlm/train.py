@@ -35,7 +35,7 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
-from scratchlm.optim import MuonWithAdamW, hidden_matrices
+from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
 from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
 )
@@ -295,8 +295,8 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig,
     adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
     if cfg.optimizer != "muon":
         return adamw
-    muon = torch.optim.Muon(muon_params, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
-                            nesterov=True, adjust_lr_fn="match_rms_adamw")
+    muon = Muon(muon_params, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=newton_schulz_dtype(device))
     return MuonWithAdamW(muon, adamw)
 
 
