@@ -38,6 +38,11 @@ time, "first s", includes building our decoding copy), then `repeats` times.
 
     python benchmarks/bench_decode.py                          # smoke and gpt2-124m, 3 repeats
     python benchmarks/bench_decode.py --shapes gpt2-124m --threads 1
+    python benchmarks/bench_decode.py --shapes gpt2-124m --variant x86-64-v4   # what a CPU without AVX512-BF16 builds
+
+The report names the kernel variant and loop it timed (scratchlm.kernels; `--variant` sets
+SCRATCHLM_KERNEL_VARIANT, and `--no-native-bf16` sets SCRATCHLM_CPU_BF16=0 so the "native" build
+is the one a CPU without bfloat16 units gets).
 
 Never run as a test.
 """
@@ -59,7 +64,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from scratchlm.generate import decoding_model, generate_ids  # noqa: E402
-from scratchlm.kernels import kernel_status  # noqa: E402
+from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
 from scratchlm.model import GPT  # noqa: E402
 
 TARGET_SHAPE = "gpt2-124m"
@@ -239,7 +244,8 @@ def run(shapes: tuple[str, ...] = ("smoke", TARGET_SHAPE), repeats: int = 3, qui
     try:
         result: dict[str, Any] = {"torch": torch.__version__, "transformers": transformers.__version__,
                                   "threads": torch.get_num_threads(), "cpus": os.cpu_count(),
-                                  "bf16_kernel": kernel_status(), "load_before": os.getloadavg()}
+                                  "bf16_kernel": kernel_status(), "kernel_variant": selected_variant(),
+                                  "kernel_loop": getattr(cpu_kernels(), "loop", None), "load_before": os.getloadavg()}
         first = memory_bandwidth()
         result["shapes"] = {shape: bench_shape(shape, repeats, quick) for shape in shapes}
         result["load_after"] = os.getloadavg()
@@ -271,7 +277,7 @@ def run(shapes: tuple[str, ...] = ("smoke", TARGET_SHAPE), repeats: int = 3, qui
 def print_report(r: dict[str, Any]) -> None:
     print(f"torch {r['torch']}, transformers {r['transformers']}, {r['threads']} threads of {r['cpus']} CPUs, "
           f"load average before {r['load_before'][0]:.1f}, after {r['load_after'][0]:.1f}")
-    print(f"bf16 gemv kernel: {r.get('bf16_kernel', '-')}")
+    print(f"decoding kernels timed: {r.get('bf16_kernel', '-')}")
     for shape, s in r["shapes"].items():
         print(f"\n{shape}: {s['params'] / 1e6:.1f}M parameters, batch 1, prompt {s['prompt']}, "
               f"{s['new_tokens']} new tokens, greedy")
@@ -302,7 +308,15 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per decoder (default: 3)")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--quick", action="store_true", help="skip the hf bf16 decoder")
+    parser.add_argument("--variant", default=None, help="kernel variant to build and time (SCRATCHLM_KERNEL_VARIANT: "
+                        "native, x86-64-v4, x86-64-v3, x86-64-v2, scalar)")
+    parser.add_argument("--no-native-bf16", action="store_true",
+                        help="time this CPU as one without bfloat16 units (SCRATCHLM_CPU_BF16=0)")
     args = parser.parse_args()
+    if args.variant:  # read when the kernels are first loaded, which is after this
+        os.environ["SCRATCHLM_KERNEL_VARIANT"] = args.variant
+    if args.no_native_bf16:
+        os.environ["SCRATCHLM_CPU_BF16"] = "0"
     print_report(run(tuple(args.shapes), args.repeats, args.quick, args.threads))
 
 

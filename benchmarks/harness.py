@@ -61,7 +61,10 @@ def machine() -> dict[str, Any]:
         hf = transformers.__version__
     except ImportError:
         hf = None
+    from scratchlm import doctor
+
     return {
+        "doctor": doctor.facts(measure=True),  # what `scratchlm doctor` prints: flags, bf16, kernels, probes
         "host": socket.gethostname(), "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
         "torch": torch.__version__, "transformers": hf, "threads": torch.get_num_threads(),
         "default_dtype": str(torch.get_default_dtype()).replace("torch.", ""),

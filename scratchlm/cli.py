@@ -8,6 +8,7 @@ traceback instead.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 from scratchlm.errors import UserError
@@ -342,9 +343,10 @@ def _add_generate(sub) -> None:
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (the plain loop)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "auto"], default=None,
                    help="decode with the weights cast to this (bfloat16: about twice as fast on CPU, half the "
-                        "bytes to read per token, at bfloat16 precision; default: the checkpoint's own)")
+                        "bytes to read per token, at bfloat16 precision; auto: bfloat16 where this machine reads "
+                        "it fast, see `scratchlm doctor`; default: the checkpoint's own)")
     p.set_defaults(run=_run_generate)
 
 
@@ -427,6 +429,21 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
 
 
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="what this machine gives scratchlm: CPU flags, bfloat16, kernels, measured speeds, fonts")
+    p.add_argument("--json", action="store_true", help="print the facts as one JSON object")
+    p.add_argument("--no-measure", action="store_true", help="skip the timed probes (matmul rates, memory bandwidth)")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args) -> int:
+    from scratchlm import doctor
+
+    facts = doctor.facts(measure=not args.no_measure)
+    print(json.dumps(facts) if args.json else "\n".join(doctor.report(facts)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="scratchlm", description="A GPT built from scratch, every step visible.")
     parser.add_argument("--debug", action="store_true", help="show full tracebacks on errors")
@@ -441,6 +458,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_hf(sub)
     _add_import_hf(sub)
     _add_generate(sub)
+    _add_doctor(sub)
     return parser
 
 

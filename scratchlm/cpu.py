@@ -84,3 +84,17 @@ def bf16_reason() -> tuple[bool, str]:
 def forced_off() -> bool:
     """True when SCRATCHLM_CPU_BF16=0 hides a bfloat16 unit the hardware has."""
     return os.environ.get("SCRATCHLM_CPU_BF16", "") == "0" and hardware_bf16()
+
+
+def auto_dtype(device) -> str:
+    """What `--dtype auto` trains in on `device`: bfloat16 where its matmuls are native (a CUDA
+    GPU that supports it; a CPU with bfloat16 units, `native_bf16`), else float32. On a CPU
+    without them bfloat16 is emulated and slower than float32."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
+    if device.type == "cpu" and native_bf16():
+        return "bfloat16"
+    return "float32"

@@ -447,13 +447,31 @@ than on it, so a copy of the copy (whose tensors are new) does not inherit raw a
 DECODE_DTYPES = (torch.float32, torch.bfloat16)
 
 
+def auto_decoding_dtype(device: torch.device) -> torch.dtype:
+    """What `dtype="auto"` decodes in: bfloat16 weights where reading them is fast, a CUDA GPU
+    that supports them, or a CPU whose decoding kernels have a vectorised bfloat16 loop (every
+    loop but the portable one: decoding is memory-bound there, and half the bytes is about twice
+    the tokens) or whose matmuls are bfloat16-native; else float32."""
+    from scratchlm import cpu
+
+    if device.type == "cuda":
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
+    if device.type != "cpu":
+        return torch.float32
+    kernel = cpu_kernels()
+    fast = (kernel is not None and kernel.loop != "portable") or cpu.native_bf16()
+    return torch.bfloat16 if fast else torch.float32
+
+
 def _as_dtype(dtype: torch.dtype | str | None, model: GPT) -> torch.dtype:
     if dtype is None:
         return _model_device_dtype(model)[1]
+    if dtype == "auto":
+        return auto_decoding_dtype(_model_device_dtype(model)[0])
     if isinstance(dtype, str):
         named = getattr(torch, dtype, None)
         if not isinstance(named, torch.dtype) or not named.is_floating_point:
-            raise ConfigError("dtype", f"unknown floating-point dtype {dtype!r}; use float32 or bfloat16")
+            raise ConfigError("dtype", f"unknown floating-point dtype {dtype!r}; use float32, bfloat16 or auto")
         dtype = named
     if not dtype.is_floating_point:
         raise ConfigError("dtype", f"decoding needs a floating-point dtype, got {dtype}")

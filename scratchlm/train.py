@@ -35,6 +35,7 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
+from scratchlm.cpu import auto_dtype
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
 from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
@@ -613,6 +614,8 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     from scratchlm.data import read_shard
     from scratchlm.tokenizer import load_tokenizer
 
+    if cfg.dtype == "auto":  # what this device multiplies natively; the run's config records the choice
+        cfg.dtype = auto_dtype(device)
     if cfg.dtype == "float16" and device.type != "cuda":
         raise UserError("--dtype float16 needs a CUDA device (gradient scaling); use bfloat16 on CPU")
 

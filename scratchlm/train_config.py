@@ -15,7 +15,7 @@ from scratchlm.config import GPTConfig
 from scratchlm.errors import ConfigError
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
-DTYPES = ("float32", "bfloat16", "float16")
+DTYPES = ("float32", "bfloat16", "float16", "auto")
 OPTIMIZERS = ("adamw", "muon")
 
 
@@ -81,7 +81,10 @@ class TrainConfig:
 
     # --- speed and precision ---
     dtype: str = "float32"
-    """Compute precision: `float32`, `bfloat16` (autocast, CPU or CUDA) or `float16` (CUDA, with gradient scaling)."""
+    """Compute precision: `float32`, `bfloat16` (autocast, CPU or CUDA), `float16` (CUDA, with
+    gradient scaling), or `auto`: bfloat16 where the device multiplies it natively (a CUDA GPU
+    that supports it, a CPU with AVX512-BF16, AMX or the aarch64 BF16 extension), else float32
+    (scratchlm.cpu.auto_dtype; `scratchlm doctor` says which)."""
     compile: bool = False
     """Compile the model with torch.compile (slow start, faster steps)."""
     fused_loss: bool = True
@@ -232,13 +235,13 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "gpt2-124m": dict(
         model="gpt2-124m", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=12, grad_accum=40,
         max_steps=600000, lr=6e-4, min_lr=6e-5, warmup_steps=2000, beta2=0.95, weight_decay=0.1,
-        dtype="bfloat16", compile=True, eval_interval=1000, eval_iters=200, log_interval=10,
+        dtype="auto", compile=True, eval_interval=1000, eval_iters=200, log_interval=10,
         checkpoint_interval=1000, keep_last=3,
     ),
     # The seed's default size (about 400M parameters): activation checkpointing to fit memory.
     "seed-400m": dict(
         model="seed-400m", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=8, grad_accum=16,
-        max_steps=100000, lr=3e-4, min_lr=3e-5, warmup_steps=2000, beta2=0.95, dtype="bfloat16",
+        max_steps=100000, lr=3e-4, min_lr=3e-5, warmup_steps=2000, beta2=0.95, dtype="auto",
         compile=True, activation_checkpointing=True, eval_interval=1000, eval_iters=100,
         log_interval=10, checkpoint_interval=1000, keep_last=3,
     ),

@@ -222,3 +222,29 @@ def test_float32_copy_decodes_step_by_step_like_the_model(variant):
             want = model.lm_head(model.forward_hidden(idx[:, : n + 1]))[:, -1]
             torch.testing.assert_close(got, want, atol=2e-5, rtol=1e-5)
 
+
+
+def test_auto_dtype_decodes_in_bfloat16_where_this_cpu_reads_it_fast(monkeypatch):
+    """dtype="auto": bfloat16 with a vectorised kernel loop or native bfloat16 matmuls, float32
+    with only the portable loop on a CPU without bfloat16 units (there bfloat16 is slower)."""
+    from scratchlm import cpu, kernels
+    from scratchlm.generate import _as_dtype, auto_decoding_dtype
+
+    model = _model()
+    monkeypatch.setenv("SCRATCHLM_CPU_BF16", "0")
+    for variant in kernels.runnable_variants():
+        monkeypatch.setenv("SCRATCHLM_KERNEL_VARIANT", variant)
+        loaded = kernels.cpu_kernels()
+        if loaded is None:
+            continue
+        want = torch.float32 if loaded.loop == "portable" else torch.bfloat16
+        assert auto_decoding_dtype(torch.device("cpu")) == want == _as_dtype("auto", model), variant
+    monkeypatch.setenv("SCRATCHLM_NO_KERNELS", "1")
+    monkeypatch.setattr(kernels, "_loaded", {})
+    assert auto_decoding_dtype(torch.device("cpu")) == torch.float32
+    monkeypatch.setenv("SCRATCHLM_CPU_BF16", "1")
+    assert auto_decoding_dtype(torch.device("cpu")) == torch.bfloat16
+    # and the ids are those of the dtype it chose
+    idx = torch.tensor([[1, 2, 3]])
+    assert torch.equal(generate_ids(model, idx, max_new_tokens=6, greedy=True, dtype="auto"),
+                       generate_ids(model, idx, max_new_tokens=6, greedy=True, dtype=torch.bfloat16))

@@ -186,6 +186,25 @@ def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path):
     assert result.losses[6] < result.losses[1]
 
 
+@pytest.mark.parametrize("native", ["0", "1"])
+def test_auto_dtype_trains_in_what_the_cpu_multiplies_natively(tmp_path, monkeypatch, native):
+    """--dtype auto: bfloat16 on a CPU with bfloat16 units, float32 on one without (forced here
+    both ways); the run's saved config records the choice, and the losses are those of a run
+    given that dtype outright."""
+    from scratchlm.cpu import auto_dtype
+
+    monkeypatch.setenv("SCRATCHLM_CPU_BF16", native)
+    want = "bfloat16" if native == "1" else "float32"
+    assert auto_dtype("cpu") == want
+    data = write_text(tmp_path / "text.txt")
+    auto = train(tiny_config(tmp_path / "a", data, max_steps=4, dtype="auto", eval_interval=0))
+    fixed = train(tiny_config(tmp_path / "b", data, max_steps=4, dtype=want, eval_interval=0))
+    assert auto.losses == fixed.losses
+    saved = ck.read_config(ck.latest_checkpoint(tmp_path / "a" / "run"))
+    assert saved["train"]["dtype"] == want
+    assert config_from_preset("gpt2-124m").dtype == config_from_preset("seed-400m").dtype == "auto"
+
+
 def test_cli_trains_evaluates_samples_and_plots(tmp_path, capsys):
     data = write_text(tmp_path / "text.txt")
     run = tmp_path / "cli-run"
