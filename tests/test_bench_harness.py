@@ -142,6 +142,19 @@ def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss():
     assert target_rows({}) == []
 
 
+def test_time_to_loss_compares_the_muon_step_and_time_with_adamw_in_the_same_sitting():
+    from benchmarks.bench_time_to_loss import target_rows
+
+    classic = {"median_s": 60.0, "reached": True, "median_tokens_per_s": 15000.0}
+    fast = {"median_s": 45.0, "reached": True, "median_tokens_per_s": 10000.0}
+    _, step, time_row = target_rows({"shakespeare-char": classic, "shakespeare-char-fast": fast})
+    assert step["ratio"] == pytest.approx(1.5) and step["met"]  # 15000 / 10000 tokens/s: 1.5 AdamW steps
+    assert time_row["ratio"] == pytest.approx(0.75) and time_row["met"]
+    slow = {**fast, "median_tokens_per_s": 9000.0, "median_s": 61.0}
+    _, step, time_row = target_rows({"shakespeare-char": classic, "shakespeare-char-fast": slow})
+    assert step["ratio"] == pytest.approx(15000 / 9000) and not step["met"] and not time_row["met"]
+
+
 def test_decode_limits_pair_each_run_with_its_own_bandwidth():
     from benchmarks.bench_decode import limits
 

@@ -11,9 +11,9 @@
  *     multiplies 32 weight/input pairs (each product exact in float32) and adds them into 16
  *     float32 sums. ROUNDS_INPUT 1.
  *   - "avx512f" (AVX-512F and BW, no BF16), "avx2" (AVX2 and FMA): each bfloat16 weight is widened
- *     to float32 in registers (its bits shifted to the top half of a float32, exact) and
- *     multiplied into the float32 input with fused multiply-adds, 16 (8) lanes at a time. The
- *     input is not rounded. ROUNDS_INPUT 0.
+ *     to float32 in registers (a bfloat16 is the top half of a float32, so this is exact: a shift
+ *     or a mask per pair of weights) and multiplied into the float32 input with fused
+ *     multiply-adds, 16 (8) lanes at a time. The input is not rounded. ROUNDS_INPUT 0.
  *   - "portable" (anything else): the same arithmetic in plain C, which the compiler vectorises
  *     as far as the target allows (not at all in the "scalar" variant). ROUNDS_INPUT 0.
  * In every path the sums are float32, in lanes added up at the end, so the order differs from a
@@ -92,13 +92,6 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
 
 typedef float input_t; /* the input stays float32 */
 
-static inline int64_t input_len(int64_t k) { return k; }
-
-static inline void prepare_input(const float *x, int64_t m, int64_t k, input_t *xb)
-{
-    memcpy(xb, x, (size_t)(m * k) * sizeof(float));
-}
-
 static inline __attribute__((always_inline)) float bf16_to_float(uint16_t v)
 {
     uint32_t bits = (uint32_t)v << 16;
@@ -107,56 +100,67 @@ static inline __attribute__((always_inline)) float bf16_to_float(uint16_t v)
     return f;
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if (defined(__AVX512F__) && defined(__AVX512BW__)) || (defined(__AVX2__) && defined(__FMA__))
 #include <immintrin.h>
-#define KERNEL_PATH "avx512f"
 
-/* 16 bfloat16 weights widened to 16 float32 */
-static inline __attribute__((always_inline)) __m512 widen16(__m256i raw)
+/* The widening loops read a vector of bfloat16 weights as 32-bit lanes, each holding two: shifted
+ * left by 16, a lane is the float32 of its even weight; masked to its top half, of its odd one.
+ * So the input is laid out once per matrix to match (`prepare_input`): in each chunk of CHUNK
+ * values, the even-indexed values first, then the odd ones, zero-padded to whole chunks. */
+#if defined(__AVX512F__) && defined(__AVX512BW__)
+#define KERNEL_PATH "avx512f"
+#define CHUNK 32
+#else
+#define KERNEL_PATH "avx2"
+#define CHUNK 16
+#endif
+
+static inline int64_t input_len(int64_t k) { return (k + CHUNK - 1) / CHUNK * CHUNK; }
+
+static inline void prepare_input(const float *x, int64_t m, int64_t k, input_t *xb)
 {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+    const int64_t len = input_len(k);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = 0; c < len; c += CHUNK)
+            for (int j = 0; j < CHUNK / 2; j++) {
+                const int64_t even = c + 2 * j, odd = even + 1;
+                xb[r * len + c + j] = even < k ? x[r * k + even] : 0.0f;
+                xb[r * len + c + CHUNK / 2 + j] = odd < k ? x[r * k + odd] : 0.0f;
+            }
 }
 
-/* sums[r] = w_row . x[r] for r < m. Up to 4 rows keep two sums each, so two chains of
- * multiply-adds are in flight while the weights stream in; more rows have enough chains already. */
-static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *x, int64_t k,
+#if CHUNK == 32
+/* sums[r] = w_row . x[r] for r < m: per 32 weights one 64-byte load, a shift and a mask, and two
+ * fused multiply-adds per row (into two sums, so two chains are in flight). */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *xb, int64_t k,
                                                            float *sums, const int m)
 {
+    const int64_t len = input_len(k), full = k / 32;
+    const __m512i top = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 acc[MAX_ROWS][2];
     for (int r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 32 <= k; i += 32) {
-        if (m >= 6) _mm_prefetch((const char *)(w_row + i) + 2048, _MM_HINT_T0); /* as in the BF16 loop */
-        const __m512 w0 = widen16(_mm256_loadu_si256((const __m256i *)(w_row + i)));
-        const __m512 w1 = widen16(_mm256_loadu_si256((const __m256i *)(w_row + i + 16)));
-        for (int r = 0; r < m; r++) {
-            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + r * k + i), acc[r][0]);
-            if (m <= 4)
-                acc[r][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + i + 16), acc[r][1]);
-            else
-                acc[r][0] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + r * k + i + 16), acc[r][0]);
+    for (int64_t c = 0; c <= full; c++) {
+        __m512i raw;
+        if (c < full) {
+            /* as in the BF16 loop: with 6 or more rows, the weights asked for 2 KB ahead */
+            if (m >= 6) _mm_prefetch((const char *)(w_row + c * 32) + 2048, _MM_HINT_T0);
+            raw = _mm512_loadu_si512((const void *)(w_row + c * 32));
+        } else if (k % 32) { /* the last k % 32 weights; the masked lanes read as zero */
+            raw = _mm512_maskz_loadu_epi16((__mmask32)((1ULL << (k % 32)) - 1), (const void *)(w_row + c * 32));
+        } else {
+            break;
         }
-    }
-    for (; i < k; i += 16) { /* the last k % 32 weights, 16 at a time; masked lanes read as zero */
-        const int64_t left = k - i < 16 ? k - i : 16;
-        const __mmask16 mask = (__mmask16)((1u << left) - 1);
-        const __m512 w0 = widen16(_mm256_maskz_loadu_epi16(mask, (const void *)(w_row + i)));
-        for (int r = 0; r < m; r++)
-            acc[r][0] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask, x + r * k + i), acc[r][0]);
+        const __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(raw, 16));
+        const __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(raw, top));
+        for (int r = 0; r < m; r++) {
+            acc[r][0] = _mm512_fmadd_ps(even, _mm512_loadu_ps(xb + r * len + c * 32), acc[r][0]);
+            acc[r][1] = _mm512_fmadd_ps(odd, _mm512_loadu_ps(xb + r * len + c * 32 + 16), acc[r][1]);
+        }
     }
     for (int r = 0; r < m; r++) sums[r] = _mm512_reduce_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]));
 }
 
-#elif defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define KERNEL_PATH "avx2"
-
-/* 8 bfloat16 weights widened to 8 float32 */
-static inline __attribute__((always_inline)) __m256 widen8(__m128i raw)
-{
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
-}
-
+#else
 static inline __attribute__((always_inline)) float sum8(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -165,35 +169,64 @@ static inline __attribute__((always_inline)) float sum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
-/* sums[r] = w_row . x[r] for r < m, as the AVX-512 loop with 8 lanes: up to 4 rows keep two sums
- * each (16 ymm registers hold no more); the last k % 16 weights in plain C. */
-static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *x, int64_t k,
-                                                           float *sums, const int m)
+/* One chunk of 16 weights (raw) into the sums acc[r][slot] (even products) and acc[r][slot + 1]
+ * (odd ones); with more than 4 rows both go into acc[r][0] (16 ymm registers hold no more). */
+static inline __attribute__((always_inline)) void avx2_chunk(__m256i raw, const input_t *xb, int64_t len, int64_t c,
+                                                             __m256 acc[][4], const int m, const int slot)
 {
-    __m256 acc[MAX_ROWS][2];
-    for (int r = 0; r < m; r++) acc[r][0] = acc[r][1] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= k; i += 16) {
-        if (m >= 6) _mm_prefetch((const char *)(w_row + i) + 2048, _MM_HINT_T0);
-        const __m256 w0 = widen8(_mm_loadu_si128((const __m128i *)(w_row + i)));
-        const __m256 w1 = widen8(_mm_loadu_si128((const __m128i *)(w_row + i + 8)));
-        for (int r = 0; r < m; r++) {
-            acc[r][0] = _mm256_fmadd_ps(w0, _mm256_loadu_ps(x + r * k + i), acc[r][0]);
-            if (m <= 4)
-                acc[r][1] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + i + 8), acc[r][1]);
-            else
-                acc[r][0] = _mm256_fmadd_ps(w1, _mm256_loadu_ps(x + r * k + i + 8), acc[r][0]);
-        }
-    }
+    const __m256 even = _mm256_castsi256_ps(_mm256_slli_epi32(raw, 16));
+    const __m256 odd = _mm256_castsi256_ps(_mm256_and_si256(raw, _mm256_set1_epi32((int)0xFFFF0000u)));
     for (int r = 0; r < m; r++) {
-        float sum = sum8(_mm256_add_ps(acc[r][0], acc[r][1]));
-        for (int64_t j = i; j < k; j++) sum += bf16_to_float(w_row[j]) * x[r * k + j];
-        sums[r] = sum;
+        const float *x = xb + r * len + c * 16;
+        if (m <= 4) {
+            acc[r][slot] = _mm256_fmadd_ps(even, _mm256_loadu_ps(x), acc[r][slot]);
+            acc[r][slot + 1] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(x + 8), acc[r][slot + 1]);
+        } else {
+            acc[r][0] = _mm256_fmadd_ps(even, _mm256_loadu_ps(x), acc[r][0]);
+            acc[r][0] = _mm256_fmadd_ps(odd, _mm256_loadu_ps(x + 8), acc[r][0]);
+        }
     }
 }
 
+/* sums[r] = w_row . x[r] for r < m, as the AVX-512 loop with 16 weights a chunk, two chunks a
+ * turn. A multiply-add waits about 4 cycles for the one before it in its chain, so one or two rows
+ * keep four chains (sums) in flight, or the loop, not memory, would set the pace. */
+static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row, const input_t *xb, int64_t k,
+                                                           float *sums, const int m)
+{
+    const int64_t len = input_len(k), full = k / 16;
+    const int second = m <= 2 ? 2 : 0; /* where the second chunk of a turn sums */
+    __m256 acc[MAX_ROWS][4];
+    for (int r = 0; r < m; r++) acc[r][0] = acc[r][1] = acc[r][2] = acc[r][3] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 2 <= full; c += 2) {
+        if (m >= 6) _mm_prefetch((const char *)(w_row + c * 16) + 2048, _MM_HINT_T0);
+        avx2_chunk(_mm256_loadu_si256((const __m256i *)(w_row + c * 16)), xb, len, c, acc, m, 0);
+        avx2_chunk(_mm256_loadu_si256((const __m256i *)(w_row + c * 16 + 16)), xb, len, c + 1, acc, m, second);
+    }
+    if (c < full) {
+        avx2_chunk(_mm256_loadu_si256((const __m256i *)(w_row + c * 16)), xb, len, c, acc, m, 0);
+        c++;
+    }
+    if (k % 16) { /* the last k % 16 weights, through a zero-padded copy */
+        uint16_t tail[16] = {0};
+        memcpy(tail, w_row + c * 16, (size_t)(k % 16) * sizeof(uint16_t));
+        avx2_chunk(_mm256_loadu_si256((const __m256i *)tail), xb, len, c, acc, m, 0);
+    }
+    for (int r = 0; r < m; r++)
+        sums[r] = sum8(_mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3])));
+}
+#endif
+
 #else
 #define KERNEL_PATH "portable"
+
+static inline int64_t input_len(int64_t k) { return k; }
+
+static inline void prepare_input(const float *x, int64_t m, int64_t k, input_t *xb)
+{
+    memcpy(xb, x, (size_t)(m * k) * sizeof(float));
+}
 
 #define LANES 16
 
