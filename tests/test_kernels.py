@@ -104,12 +104,21 @@ def test_gemv_rejects_what_it_cannot_compute():
         KERNEL(torch.randn(1, 32), weight, torch.randn(15))
 
 
+SWITCHES = ("SCRATCHLM_NO_KERNELS", "SCRATCHLM_KERNEL_VARIANT", "SCRATCHLM_CPU_BF16")
+
+
+def _environment(**env: str) -> dict[str, str]:
+    """This process's environment without the switches a CI pass may have set (these tests are
+    about building), plus `env`."""
+    return {**{k: v for k, v in os.environ.items() if k not in SWITCHES}, **env}
+
+
 def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
     code = ("from scratchlm import kernels, generate\n"
             "import torch\n"
             "print(kernels.kernel_status())\n"
             "print(generate._default_layout(torch.bfloat16))\n")
-    full_env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), **env}
+    full_env = _environment(SCRATCHLM_CACHE=str(tmp_path / "cache"), **env)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
     assert done.returncode == 0, done.stderr
     if done.stdout.startswith("build failed"):  # one line says so, no traceback
@@ -153,7 +162,7 @@ def test_built_once_then_loaded_from_the_cache(tmp_path):
 
 def test_an_unknown_variant_falls_back_with_one_line(tmp_path):
     code = "from scratchlm import kernels\nprint(kernels.kernel_status())\nprint(kernels.cpu_kernels())\n"
-    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "SCRATCHLM_KERNEL_VARIANT": "avx9000"}
+    env = _environment(SCRATCHLM_CACHE=str(tmp_path / "cache"), SCRATCHLM_KERNEL_VARIANT="avx9000")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("unknown variant 'avx9000'") and done.stdout.splitlines()[1] == "None"
@@ -165,6 +174,7 @@ def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):
     such a variant is refused before the compiler is called."""
     from scratchlm import cpu
 
+    monkeypatch.delenv("SCRATCHLM_NO_KERNELS", raising=False)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse4_2", "ssse3", "popcnt", "cx16"}))
     monkeypatch.setattr(cpu, "is_x86", lambda: True)
     monkeypatch.setattr(kernels, "_loaded", {})
@@ -189,7 +199,7 @@ def test_flags_the_compiler_refuses_are_dropped_in_turn(tmp_path):
             "w = torch.randn(64, 40).bfloat16(); x = torch.randn(3, 40)\n"
             "want = (x.bfloat16() if k.rounds_input else x).double() @ w.double().t()\n"
             "print(float((k(x, w).double() - want).abs().max()))\n")
-    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "CC": str(fake)}
+    env = _environment(SCRATCHLM_CACHE=str(tmp_path / "cache"), CC=str(fake))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     flags, error = done.stdout.splitlines()
