@@ -48,7 +48,7 @@ def machine() -> dict[str, Any]:
     """What the figures depend on, recorded at the start of the run."""
     import torch
 
-    from scratchlm.train import cpu_name
+    from scratchlm.cpu import cpu_name
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,

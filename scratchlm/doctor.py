@@ -25,22 +25,6 @@ _FLAGS = ["avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512v
 _CJK_SAMPLE = "中文注意力"
 
 
-def matmul_gflops(dtype: torch.dtype, n: int = 512, bursts: int = 6, burst_s: float = 0.03) -> float:
-    """Best GFLOP/s of short bursts of n x n matmuls in `dtype` (the best burst is the one least
-    disturbed by other processes)."""
-    with torch.random.fork_rng(devices=[]):
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b
-    best = 0.0
-    for _ in range(bursts):
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < burst_s:
-            a @ b
-            reps += 1
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
-    return best / 1e9
-
-
 def read_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
     """Best GB/s of summing a float32 array of `megabytes`, far larger than the caches: the rate a
     batch-1 decoding step can read its weights at most."""
@@ -100,8 +84,8 @@ def facts(measure: bool = True) -> dict[str, Any]:
         "compiler": _compiler_line(), "cjk_font": _cjk_font(),
     }
     if measure:
-        out["matmul_gflops_float32"] = round(matmul_gflops(torch.float32), 1)
-        out["matmul_gflops_bfloat16"] = round(matmul_gflops(torch.bfloat16), 1)
+        out["matmul_gflops_float32"] = round(cpu.matmul_flops(torch.float32) / 1e9, 1)
+        out["matmul_gflops_bfloat16"] = round(cpu.matmul_flops(torch.bfloat16) / 1e9, 1)
         out["read_gb_s"] = round(read_bandwidth(), 1)
     return out
 

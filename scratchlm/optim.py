@@ -10,8 +10,7 @@ pays off when it buys more loss per step than it costs in time per step.
 
 `Muon` here is torch's with one knob added: the dtype of those iterations. torch always uses
 bfloat16, which is right on GPUs and on CPUs with bfloat16 units (AVX512-BF16, AMX, aarch64
-BF16), and slow where a bfloat16 matmul is emulated: there it costs more than a float32 one
-(about 2.6x on a Xeon without AVX512-BF16). `newton_schulz_dtype(device)` picks float32 there
+BF16), and slow where a bfloat16 matmul is emulated: there it costs more than a float32 one. `newton_schulz_dtype(device)` picks float32 there
 (scratchlm.cpu.native_bf16); with bfloat16 the step is torch's, operation for operation.
 
 Muon is meant for the matrices *inside* the network. The token and position tables and lm_head

@@ -35,7 +35,7 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
-from scratchlm.cpu import auto_dtype
+from scratchlm.cpu import auto_dtype, cpu_name, matmul_flops
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
 from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
@@ -201,22 +201,6 @@ def _cache_dir() -> Path:
     return cache_home()
 
 
-def _measure_cpu_peak(dtype: torch.dtype, bursts: int = 12, burst_s: float = 0.03) -> float:
-    """Best FLOP/s of short bursts of 512x512 matmuls: the best burst is the one least disturbed
-    by other processes, so the figure is the machine's and not the moment's."""
-    n = 512
-    a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-    a @ b  # warm the kernels up
-    best = 0.0
-    for _ in range(bursts):
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < burst_s:
-            a @ b
-            reps += 1
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
-    return best
-
-
 def device_peak_flops(device: torch.device, dtype: str) -> float | None:
     """Peak matmul FLOP/s of the device: a table for GPUs, a short cached probe on CPUs."""
     if device.type == "cuda":
@@ -238,7 +222,7 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
     # machine's own best large matmul. Other processes slow the probe down, so every run probes
     # again (under half a second) and the cache keeps the best figure ever seen.
     with torch.random.fork_rng(devices=[]):
-        measured = _measure_cpu_peak(getattr(torch, probe_dtype))
+        measured = matmul_flops(getattr(torch, probe_dtype), bursts=12)
     if measured > table.get(key, 0.0):
         table[key] = measured
         try:
@@ -249,19 +233,6 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
         except OSError:
             pass  # a read-only cache only loses the memory of a better figure
     return table[key]
-
-
-def cpu_name() -> str:
-    """The CPU model from /proc/cpuinfo, else what platform knows."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
 
 
 # --------------------------------------------------------------------------------------------

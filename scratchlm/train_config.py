@@ -215,9 +215,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         eval_interval=500, eval_iters=50, log_interval=50, checkpoint_interval=500,
     ),
     # The same baby GPT trained for wall time: Muon on the blocks' matrices (--optimizer muon) takes
-    # a 3x higher learning rate and needs under half the steps; each step costs about 20% more (the
-    # Newton-Schulz iterations). Validation loss 1.857 on Tiny Shakespeare after 500 steps, about
-    # 40 s on the 2-core benchmark machine (benchmarks/bench_time_to_loss.py).
+    # a 3x higher learning rate and needs under half the steps; each step costs more (the
+    # Newton-Schulz iterations). benchmarks/bench_time_to_loss.py measures both, beside the AdamW
+    # preset, in one sitting.
     "shakespeare-char-fast": dict(
         model="smoke", model_overrides=_BABY, tokenizer="char", data="shakespeare",
         batch_size=12, max_steps=500, lr=1e-2, min_lr=1e-4, warmup_steps=20, beta2=0.99, optimizer="muon",
