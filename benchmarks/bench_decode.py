@@ -63,7 +63,8 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
-from scratchlm.generate import decoding_model, generate_ids  # noqa: E402
+from scratchlm.decoding import decoding_model  # noqa: E402
+from scratchlm.generate import generate_ids  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
 from scratchlm.model import GPT  # noqa: E402
 

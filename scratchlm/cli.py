@@ -373,7 +373,8 @@ def _run_generate(args) -> int:
     import torch
 
     from scratchlm.checkpoint import load_model
-    from scratchlm.generate import MAX_NEW_TOKENS_LIMIT, generate, stream
+    from scratchlm.generate import generate, stream
+    from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")

@@ -64,7 +64,7 @@ def facts(measure: bool = True) -> dict[str, Any]:
     """Everything `scratchlm doctor` prints, as a dict (JSON-ready). measure=False skips the
     timed probes (about 3 s)."""
     from scratchlm import kernels
-    from scratchlm.generate import _mkldnn_packing_available, auto_decoding_dtype
+    from scratchlm.decoding import _mkldnn_packing_available, auto_decoding_dtype
 
     native, why = cpu.bf16_reason()
     flags = cpu.cpu_flags()

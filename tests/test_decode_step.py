@@ -14,7 +14,8 @@ import torch
 
 from scratchlm import kernels
 from scratchlm.config import GPTConfig
-from scratchlm.generate import _FUSED_STEPS, decoding_model, generate_ids
+from scratchlm.decoding import _FUSED_STEPS, decoding_model
+from scratchlm.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
 from scratchlm.model import GPT, KVCache
 
@@ -101,9 +102,9 @@ def _recorded_calls(copy):
     """Wrap the FusedDecodeStep of decoding copy `copy` so that each call is recorded, as
     ("step", positions, taken) or ("greedy", cache length, steps, taken); the step is put back
     afterwards."""
-    from scratchlm import generate as gen
+    from scratchlm import decoding
 
-    step = gen._FUSED_STEPS[copy]
+    step = decoding._FUSED_STEPS[copy]
     calls: list[tuple] = []
 
     class Recording:
@@ -120,11 +121,11 @@ def _recorded_calls(copy):
             calls.append(("greedy", length, steps, out is not None))
             return out
 
-    gen._FUSED_STEPS[copy] = Recording()
+    decoding._FUSED_STEPS[copy] = Recording()
     try:
         yield calls
     finally:
-        gen._FUSED_STEPS[copy] = step
+        decoding._FUSED_STEPS[copy] = step
 
 
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
@@ -221,7 +222,7 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
     assert declined(torch.tensor([[1]]), cache64)
     cache.length = block
     assert declined(torch.tensor([[1]]), cache)  # a full cache
-    from scratchlm.generate import _last_logits
+    from scratchlm.decoding import _last_logits
 
     with pytest.raises(IndexError):  # declined, so the model's own path reports the bad id
         _last_logits(fast, torch.tensor([[V]]), KVCache(model.config, 1))
@@ -230,12 +231,12 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
 def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
-    from scratchlm import generate as gen
+    from scratchlm import decoding, generate as gen
 
     model = _model(5, **FUSED_VARIANTS["gpt2"])
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
-    copy = gen._decoder_for(model, 8, torch.bfloat16)  # the copy generate_ids will reuse
+    copy = decoding._decoder_for(model, 8, torch.bfloat16)  # the copy generate_ids will reuse
     monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # chunk sizes that do not depend on the machine's speed
     with _recorded_calls(copy) as calls:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
@@ -252,7 +253,7 @@ def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
 def test_a_copy_converted_after_it_was_built_drops_the_step():
     """.double() gives every parameter new storage; the step's addresses would then describe the
     old tensors, so the next call must go through the model's own code (in float64 here)."""
-    from scratchlm.generate import _last_logits
+    from scratchlm.decoding import _last_logits
 
     model = _model(9, **FUSED_VARIANTS["gpt2"])
     fast = decoding_model(model, "float32")
@@ -292,7 +293,7 @@ def test_a_prompt_of_more_rows_goes_in_pieces_and_matches_the_model(kernel_varia
 def test_greedy_steps_in_one_call_equal_one_step_at_a_time(kernel_variant, name, dtype, batch):
     """step.greedy(last, n, cache) against n rounds of step(last, cache) and NumPy's argmax
     (greedy_ids) on a copy of the cache: the same ids, logits and cache contents."""
-    from scratchlm.generate import greedy_ids
+    from scratchlm.sampling import greedy_ids
 
     model = _model(11, **FUSED_VARIANTS[name])
     step = _FUSED_STEPS[decoding_model(model, dtype)]
@@ -320,7 +321,7 @@ def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
     """Rows 3 and 7 of the head equal, with the largest bias: every step's top two scores are
     exactly equal, and the lower id wins (as torch.argmax and NumPy's do). With NaN rows 5 and 9
     the first NaN wins (NumPy's rule, which greedy_ids follows)."""
-    from scratchlm.generate import greedy_ids
+    from scratchlm.sampling import greedy_ids
 
     model = _model(12, **{**FUSED_VARIANTS["gpt2"], "tie_weights": False, "lm_head_bias": True})
     with torch.no_grad():
@@ -354,12 +355,12 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     chunk stays within GREEDY_LATENCY, the last ending at the context's edge, where the window
     starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
     all the way. A step slower than the latency budget allows goes one per call."""
-    from scratchlm import generate as gen
+    from scratchlm import decoding, generate as gen
 
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")
-    copy = gen._decoder_for(model, 30, torch.float32)
+    copy = decoding._decoder_for(model, 30, torch.float32)
     block = model.config.block_size
     with _recorded_calls(copy) as calls:
         monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # a tiny model's steps fit many times over
@@ -377,11 +378,11 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
 def test_greedy_generation_of_more_sequences_than_the_step_takes_goes_the_usual_way():
     """Nine sequences: the step declines the first chunk, so every later step goes through the
     model's own modules, and the ids are still the plain loop's."""
-    from scratchlm import generate as gen
+    from scratchlm import decoding
 
     model = _model(14, **FUSED_VARIANTS["gpt2"])
     idx = torch.randint(0, model.config.vocab_size, (KERNEL.max_rows + 1, 2), generator=torch.Generator().manual_seed(14))
-    copy = gen._decoder_for(model, 9, torch.float32)
+    copy = decoding._decoder_for(model, 9, torch.float32)
     with _recorded_calls(copy) as calls:
         ids = generate_ids(model, idx, max_new_tokens=9, greedy=True, dtype="float32")
     assert [taken for kind, *_, taken in calls if kind == "greedy"] == [False]  # declined once, then not asked again

@@ -1,4 +1,4 @@
-"""The decoding copy (scratchlm.generate.decoding_model) and bfloat16 decoding.
+"""The decoding copy (scratchlm.decoding.decoding_model) and bfloat16 decoding.
 
 The copy must compute what the model computes: in float32 to rounding, in bfloat16 what the
 model computes with its Linear weights (and their inputs) rounded to bfloat16. References are
@@ -12,7 +12,8 @@ import torch
 
 from scratchlm.config import GPTConfig
 from scratchlm.errors import ConfigError
-from scratchlm.generate import DecodingLinear, decoding_model, generate, generate_ids, iter_tokens
+from scratchlm.decoding import DecodingLinear, decoding_model
+from scratchlm.generate import generate, generate_ids, iter_tokens
 from scratchlm.model import GPT
 
 TINY = dict(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
@@ -86,7 +87,7 @@ def test_float32_copy_computes_the_models_logits(variant, layout, rows):
 
 
 def _bf16_layouts() -> list:
-    from scratchlm.generate import _mkldnn_packing_available
+    from scratchlm.decoding import _mkldnn_packing_available
     from scratchlm.kernels import cpu_kernels, kernel_status
 
     return [
@@ -206,7 +207,7 @@ def test_generate_text_in_bfloat16_and_on_the_command_line(tmp_path, capsys):
 def test_float32_copy_decodes_step_by_step_like_the_model(variant):
     """Cached steps of the decoding copy (its compiled attention where it builds; the model's own
     code for RoPE) against the model's own forward over the whole sequence, at every step."""
-    from scratchlm.generate import DecodingAttention
+    from scratchlm.decoding import DecodingAttention
     from scratchlm.kernels import cpu_kernels
     from scratchlm.model import KVCache
 
@@ -227,8 +228,8 @@ def test_float32_copy_decodes_step_by_step_like_the_model(variant):
 def test_auto_dtype_decodes_in_bfloat16_where_this_cpu_reads_it_fast(monkeypatch):
     """dtype="auto": bfloat16 with a vectorised kernel loop or native bfloat16 matmuls, float32
     with only the portable loop on a CPU without bfloat16 units (there bfloat16 is slower)."""
-    from scratchlm import cpu, kernels
-    from scratchlm.generate import _as_dtype, auto_decoding_dtype
+    from scratchlm import kernels
+    from scratchlm.decoding import _as_dtype, auto_decoding_dtype
 
     model = _model()
     monkeypatch.setenv("SCRATCHLM_CPU_BF16", "0")

@@ -16,18 +16,13 @@ from hypothesis import strategies as st
 
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.generate import (
-    IncrementalText,
+from scratchlm.generate import IncrementalText, beam_search, generate, generate_ids, iter_tokens, stream
+from scratchlm.sampling import (
     apply_repetition_penalty,
-    beam_search,
     choose_next,
-    generate,
-    generate_ids,
-    iter_tokens,
     make_generator,
     min_p_filter,
     sample,
-    stream,
     top_k_filter,
     top_p_filter,
 )
@@ -704,7 +699,7 @@ def test_cli_reads_the_prompt_from_stdin(char_checkpoint):
 
 
 def test_greedy_ids_takes_the_first_of_equal_maxima_row_by_row():
-    from scratchlm.generate import greedy_ids
+    from scratchlm.sampling import greedy_ids
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):

@@ -9,7 +9,7 @@ cache: oneDNN's packed bfloat16 matmul reaches about 12 GB/s on one core of the 
 where a plain streaming read reaches about 27 (see benchmarks/bench_decode.py). `gemv_bf16.c` reads
 each weight row once, in order, and reaches about 20. What is left of a step is small operations:
 attention, norms, activations, residual adds and the calls between them. `attend_one.c` does a
-layer's attention in one call (scratchlm.generate.DecodingAttention, about 1 ms less per
+layer's attention in one call (scratchlm.decoding.DecodingAttention, about 1 ms less per
 GPT-2-small token), and `decode_step.c` the whole step (scratchlm.kernels.decode_step, about
 1.5 ms less again), so that a step is little more than the reading of its weights.
 

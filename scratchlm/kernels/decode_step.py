@@ -1,6 +1,6 @@
 """A whole decoding step in one call to the compiled library (decode_step.c), for the decoding
 copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float32
-(scratchlm.generate.decoding_model).
+(scratchlm.decoding.decoding_model).
 
 `FusedDecodeStep.build(model, kernels)` reads the model's tensors once and describes them to the
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
@@ -43,15 +43,14 @@ class StepModel(ctypes.Structure):
 
 def unsupported(model: nn.Module) -> str | None:
     """Why the C step cannot run `model`, or None when it can."""
-    from scratchlm.generate import DecodingLinear  # generate imports this module
-
     cfg = model.config
     if cfg.norm_position != "pre":
         return "post-norm blocks"
     if cfg.norm not in NORMS or cfg.activation not in ACTIVATIONS:
         return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
-    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, DecodingLinear))]
-    if not all(isinstance(m, DecodingLinear) and m.layout == "kernel" for m in linears):
+    # scratchlm.decoding.DecodingLinear says so with `is_decoding_linear` (that module imports this one)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) or getattr(m, "is_decoding_linear", False)]
+    if not all(getattr(m, "is_decoding_linear", False) and m.layout == "kernel" for m in linears):
         return "weights not in the kernel layout"
     if len({m.weight.dtype for m in linears}) != 1:
         return "weights in more than one dtype"
