@@ -228,7 +228,7 @@ def matmul_peak(dtype: torch.dtype, sizes=(512, 1024, 2048), bursts: int = 5) ->
 
 
 def mfu(mode: str, repeats: int) -> dict[str, Any]:
-    from scratchlm.train import flops_per_token
+    from scratchlm.flops import flops_per_token
 
     step, model = our_step(mode, MFU_MODEL, b=MFU_BATCH)
     dtype = torch.bfloat16 if OUR_MODES[mode][0] == "bfloat16" else torch.float32
@@ -246,7 +246,7 @@ def mfu(mode: str, repeats: int) -> dict[str, Any]:
     times = time_interleaved({mode: step}, repeats, warmup=1)[mode]
     peak = max(peak, probe())  # probe again after the steps: the best moment counts
     tokens = MFU_BATCH * model.config.block_size
-    flops = flops_per_token(model.config, model.num_params(embeddings=False)) * tokens
+    flops = flops_per_token(model.config).training * tokens
     return {"mode": mode, "threads": threads, "peak_gflops": peak / 1e9, "step_min_s": min(times), "step_median_s": statistics.median(times),
             "achieved_gflops": flops / min(times) / 1e9, "mfu": flops / min(times) / peak,
             "mfu_median": flops / statistics.median(times) / peak}

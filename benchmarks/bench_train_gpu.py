@@ -5,8 +5,8 @@ vocabulary 50304) under bfloat16 autocast, compiled, with attention forced onto 
 FlashAttention kernel, beside Hugging Face's `GPT2LMHeadModel` of the same size in the same run
 (bfloat16 autocast, its SDPA attention, compiled too, fused AdamW). Reported per model: tokens/s
 (min and median of timed blocks of steps), peak allocated GPU memory, and MFU: training FLOPs per
-token (scratchlm.train.flops_per_token, non-embedding parameters) x tokens/s over the GPU's
-datasheet dense bf16 peak (scratchlm.train.device_peak_flops; None for a GPU not in its table).
+token (scratchlm.flops.flops_per_token: the count `scratchlm inspect` prints) x tokens/s over the
+GPU's datasheet dense bf16 peak (scratchlm.flops.device_peak_flops; None for a GPU not in its table).
 
     python -m benchmarks.bench_train_gpu                       # needs CUDA; says so and stops otherwise
     python -m benchmarks.bench_train_gpu --batch 8 --steps 10  # a smaller or shorter run
@@ -117,7 +117,7 @@ def time_blocks(step: Callable[[], Any], device: torch.device, steps: int, block
 
 def _measure(name: str, make: Callable, config: GPTConfig, b: int, device: torch.device, compile: bool,
              flash: bool, steps: int, blocks: int, warmup: int) -> dict[str, Any]:
-    from scratchlm.train import device_peak_flops, flops_per_token
+    from scratchlm.flops import device_peak_flops, flops_per_token
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -132,12 +132,7 @@ def _measure(name: str, make: Callable, config: GPTConfig, b: int, device: torch
         per_step = time_blocks(step, device, steps, blocks)
     tokens = b * config.block_size
     n_params = sum(p.numel() for p in model.parameters())  # a tied matrix once
-    # FLOPs count the matmul weights: not the position table, nor the token table unless it is
-    # also the (tied) output layer. Both models here tie it (Hugging Face always does).
-    tied = config.tie_weights or not isinstance(model, GPT)
-    n_weights = n_params - (0 if tied else config.vocab_size * config.n_embd) \
-        - (config.block_size * config.n_embd if config.pos_embedding == "learned" else 0)
-    flops = flops_per_token(config, n_weights)
+    flops = flops_per_token(config).training
     peak = device_peak_flops(device, "bfloat16")
     median = statistics.median(per_step)
     return {

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm.config import GPTConfig
+from scratchlm.flops import count_params, flops_per_token, si_units
 from scratchlm.model import GPT, apply_rope
 
 # --------------------------------------------------------------------------------------------
@@ -70,25 +71,6 @@ def param_table(model: GPT) -> list[ParamRow]:
 def seed_estimate(cfg: GPTConfig) -> int:
     """The seed's closed-form estimate 12 N C^2 + 2 V C (untied, no biases or norms)."""
     return 12 * cfg.n_layer * cfg.n_embd**2 + 2 * cfg.vocab_size * cfg.n_embd
-
-
-def count_params(cfg: GPTConfig) -> dict[str, int]:
-    """Parameter counts from the config alone (no model is built, so seed-400m costs nothing).
-
-    total: every parameter once; matmul: the weights that take part in a matrix multiply (every
-    Linear weight, lm_head included even when tied), which is what the FLOP count needs;
-    embeddings: the wte and wpe tables.
-    """
-    C, V, N, hidden = cfg.n_embd, cfg.vocab_size, cfg.n_layer, cfg.mlp_hidden
-    proj_in = hidden // 2 if cfg.activation == "swiglu" else hidden
-    norm = C if cfg.norm == "rmsnorm" else 2 * C  # gamma (and beta)
-    attn = 3 * C * C + C * C + (3 * C if cfg.qkv_bias else 0) + (C if cfg.proj_bias else 0)
-    mlp = C * hidden + proj_in * C + ((hidden + C) if cfg.mlp_bias else 0)
-    wpe = cfg.block_size * C if cfg.pos_embedding == "learned" else 0
-    head = (0 if cfg.tie_weights else V * C) + (V if cfg.lm_head_bias else 0)
-    total = V * C + wpe + N * (attn + mlp + 2 * norm) + norm + head
-    matmul = N * (4 * C * C + C * hidden + proj_in * C) + V * C
-    return dict(total=total, matmul=matmul, embeddings=V * C + wpe)
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,39 +132,6 @@ def shape_trace(model: GPT, batch_size: int = 2, seq_len: int = 16, seed: int = 
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class FlopCount:
-    """Matrix-multiply FLOPs (one multiply-add = 2 FLOPs) per token at context length T.
-
-    forward  = 2 * N_matmul + 4 * n_layer * T * C
-    training = 3 * forward   (the backward pass multiplies twice per forward matmul: once for the
-                              gradient of the input, once for the gradient of the weight)
-
-    N_matmul counts every weight that multiplies an activation (all Linear weights, lm_head
-    included even when tied); embedding lookups, biases, norms and softmax are not matmuls and
-    are left out, as FLOP counters do. The attention term: per token and layer, Q K^T costs 2 T C
-    and weights @ V another 2 T C (over all heads), with the full T x T square counted, as the
-    kernels compute it; a causal mask makes half of it useless work. six_n is the popular rule of
-    thumb 6 N per token with N the non-embedding parameters, shown for comparison.
-    """
-
-    seq_len: int
-    matmul_params: int
-    forward_weights: int
-    forward_attention: int
-    forward: int
-    training: int
-    six_n: int
-
-
-def flops_per_token(cfg: GPTConfig, seq_len: int | None = None) -> FlopCount:
-    T = cfg.block_size if seq_len is None else seq_len
-    counts = count_params(cfg)
-    weights = 2 * counts["matmul"]
-    attention = 4 * cfg.n_layer * T * cfg.n_embd
-    forward = weights + attention
-    non_embedding = counts["total"] - counts["embeddings"] + (cfg.vocab_size * cfg.n_embd if cfg.tie_weights else 0)
-    return FlopCount(T, counts["matmul"], weights, attention, forward, 3 * forward, 6 * non_embedding)
 
 
 # --------------------------------------------------------------------------------------------
@@ -366,13 +315,6 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:,.3f} GiB"
 
 
-def _si(n: float) -> str:
-    for unit, scale in (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{n:.0f} "
-
-
 def format_report(report: dict[str, Any]) -> str:
     """The human-readable text of an inspect_report."""
     lines = ["model config:"]
@@ -401,7 +343,7 @@ def format_report(report: dict[str, Any]) -> str:
         ("training   3 * forward (backward = 2 x forward)", fl["training"]),
         ("rule of thumb: 6 * N (N without embeddings)", fl["six_n"]),
     ):
-        lines.append(f"  {label:<52}{_si(value):>10}FLOP")
+        lines.append(f"  {label:<52}{si_units(value):>10}FLOP")
 
     mem = report["memory"]
     est = {e["precision"]: e for e in mem["estimates"]}

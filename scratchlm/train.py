@@ -35,9 +35,10 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT
-from scratchlm.cpu import auto_dtype, cpu_name, matmul_flops
+from scratchlm.cpu import auto_dtype
+from scratchlm.flops import device_peak_flops, flops_per_token, si_units
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
-from scratchlm.train_config import (  # re-exported: torch-free, so the CLI parser can read them
+from scratchlm.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
 )
 
@@ -171,69 +172,6 @@ def _gather_objects(obj: Any, d: _Dist) -> list[Any]:
 # --------------------------------------------------------------------------------------------
 # FLOPs and MFU
 # --------------------------------------------------------------------------------------------
-
-# Dense peak FLOP/s per GPU for (16-bit, 32-bit) matmuls; the 32-bit figure assumes TF32 is off.
-_GPU_PEAKS = {
-    "H200": (989e12, 67e12),
-    "H100": (989e12, 67e12),
-    "A100": (312e12, 19.5e12),
-    "A10G": (125e12, 31.2e12),
-    "A10": (125e12, 31.2e12),
-    "L40S": (362e12, 91.6e12),
-    "L4": (121e12, 30.3e12),
-    "V100": (125e12, 15.7e12),
-    "T4": (65e12, 8.1e12),
-    "RTX 4090": (165e12, 82.6e12),
-    "RTX 3090": (71e12, 35.6e12),
-}
-
-
-def flops_per_token(config: GPTConfig, n_params: int) -> float:
-    """Training FLOPs per token: 6 per weight (forward 2, backward 4) plus attention's score and
-    weighted-sum matmuls, 12 * N * C * T (the PaLM appendix B estimate)."""
-    return 6 * n_params + 12 * config.n_layer * config.n_embd * config.block_size
-
-
-def _cache_dir() -> Path:
-    """scratchlm's cache folder (scratchlm.data.cache_home): cpu_peak.json is kept there."""
-    from scratchlm.data import cache_home
-
-    return cache_home()
-
-
-def device_peak_flops(device: torch.device, dtype: str) -> float | None:
-    """Peak matmul FLOP/s of the device: a table for GPUs, a short cached probe on CPUs."""
-    if device.type == "cuda":
-        name = torch.cuda.get_device_name(device)
-        for key, (half, single) in _GPU_PEAKS.items():
-            if key in name:
-                return half if dtype != "float32" else single
-        return None
-    if device.type != "cpu":
-        return None
-    probe_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
-    key = f"best-of-bursts|{cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{probe_dtype}"
-    path = _cache_dir() / "cpu_peak.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    # A measured peak, not a datasheet one: MFU on CPU says how close the run comes to this
-    # machine's own best large matmul. Other processes slow the probe down, so every run probes
-    # again (under half a second) and the cache keeps the best figure ever seen.
-    with torch.random.fork_rng(devices=[]):
-        measured = matmul_flops(getattr(torch, probe_dtype), bursts=12)
-    if measured > table.get(key, 0.0):
-        table[key] = measured
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, path)
-        except OSError:
-            pass  # a read-only cache only loses the memory of a better figure
-    return table[key]
-
 
 # --------------------------------------------------------------------------------------------
 # Optimizer
@@ -641,7 +579,6 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     model.to(device).train()
     model.gradient_checkpointing = cfg.activation_checkpointing
     raw_model = model
-    n_params = raw_model.num_params(embeddings=False)
     if cfg.fsdp and d.enabled:
         model = _apply_fsdp(model, device, d)
     elif d.enabled:
@@ -677,13 +614,15 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     reporter = _Reporter(cfg, run_dir, d.is_main, step)
     tokens_per_step = cfg.batch_size * block_size * cfg.grad_accum * d.world_size
     peak = device_peak_flops(device, cfg.dtype) if d.is_main else None
-    flops_step = flops_per_token(model_config, n_params) * tokens_per_step / d.world_size  # per device
+    flops_token = flops_per_token(model_config).training  # the count `scratchlm inspect` prints
+    flops_step = flops_token * tokens_per_step / d.world_size  # per device
     reporter.record("start" if resume_ckpt is None else "resume", step=step, config=cfg.to_dict(),
                     model=model_config.to_dict(), params=raw_model.num_params(), data_dir=str(prepared),
                     world_size=d.world_size, device=str(device))
     reporter.say(
         f"run {run_dir}: {raw_model.num_params():,} parameters, {meta['train_tokens']:,} training tokens, "
-        f"{tokens_per_step:,} tokens/step, device {device}" + (f" x{d.world_size}" if d.enabled else "")
+        f"{tokens_per_step:,} tokens/step, {si_units(flops_token)}FLOP per token (training), device {device}"
+        + (f" x{d.world_size}" if d.enabled else "")
         + (f", resuming at step {step}" if resume_ckpt is not None else "")
     )
 

@@ -37,12 +37,13 @@ def test_the_same_path_runs_on_the_cpu_and_its_figures_add_up():
     assert r["device"] == "cpu" and not r["flash_attention"] and r["block_size"] == 16
     assert set(r["models"]) == {"ours bf16", "hf bf16"}
     ours = r["models"]["ours bf16"]
-    # tokens/s from the step time, and MFU from FLOPs counted here by hand: 6 per non-embedding
-    # weight per token (the tied head is a matmul) plus attention's 12 * L * C * T
+    # tokens/s from the step time, and MFU from FLOPs counted here by hand: 6 per matmul weight
+    # per token (each block's 12 C^2, and the tied head) plus attention's 12 * L * C * T; biases
+    # and norms are not matmuls
     C, L, T, V = 32, 1, 16, 512
     blocks = L * (12 * C * C + 13 * C) + 2 * C  # matrices, biases and two norms per block; final norm
     assert ours["params"] == blocks + V * C + T * C  # + the token table (also the tied head) + positions
-    flops = 6 * (blocks + V * C) + 12 * L * C * T
+    flops = 6 * (L * 12 * C * C + V * C) + 12 * L * C * T
     assert ours["median_tok_s"] == pytest.approx(2 * T / ours["step_median_s"])
     assert ours["mfu"] == pytest.approx(flops * ours["median_tok_s"] / ours["peak_flops"], rel=1e-9)
     assert ours["peak_memory_mb"] is None  # CUDA only

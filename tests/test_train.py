@@ -205,6 +205,24 @@ def test_auto_dtype_trains_in_what_the_cpu_multiplies_natively(tmp_path, monkeyp
     assert config_from_preset("gpt2-124m").dtype == config_from_preset("seed-400m").dtype == "auto"
 
 
+def test_the_training_log_prints_the_flops_per_token_inspect_prints(tmp_path, capsys):
+    """One count of FLOPs per token: the run's first line and `scratchlm inspect`'s training row
+    (at the training context) say the same figure for the same model, and it is the hand count
+    3 * (2 * matmul weights + 4 * n_layer * T * C)."""
+    from scratchlm.flops import si_units
+    from scratchlm.introspect import format_report, inspect_report
+
+    data = write_text(tmp_path / "text.txt")
+    result = train(tiny_config(tmp_path, data, max_steps=2, eval_interval=0, progress="lines"))
+    printed = capsys.readouterr().out.splitlines()[0]
+    model, _, _ = ck.load_model(ck.latest_checkpoint(result.run_dir))
+    C, L, T, V, hidden = 32, 1, 16, model.config.vocab_size, model.config.mlp_hidden
+    by_hand = 3 * (2 * (L * (4 * C * C + 2 * C * hidden) + V * C) + 4 * L * T * C)
+    assert f"{si_units(by_hand)}FLOP per token (training)" in printed
+    inspect_row = next(line for line in format_report(inspect_report(model)).splitlines() if "training   3 * forward" in line)
+    assert inspect_row.endswith(f"{si_units(by_hand)}FLOP")
+
+
 def test_cli_trains_evaluates_samples_and_plots(tmp_path, capsys):
     data = write_text(tmp_path / "text.txt")
     run = tmp_path / "cli-run"
