@@ -226,7 +226,7 @@ def _add_train(sub) -> None:
     model_group = p.add_argument_group("model fields (GPTConfig; vocab_size comes from the tokenizer)")
     for f in cli_fields():
         group = model_group if f.model else train_group
-        names = [f"--{f.name}"] + ([f"--{f.name.replace('_', '-')}"] if "_" in f.name else [])
+        names = [f"--{f.name}"]  # --max-steps works too: _Parser respells it
         dest = ("model." if f.model else "train.") + f.name
         help_text = f"{f.doc} (default: {f.default})".replace("%", "%%")
         if f.kind == "bool":
@@ -424,10 +424,31 @@ def _run_generate(args) -> int:
 
 class _Parser(argparse.ArgumentParser):
     """argparse with a bad flag reported as one `error: ...` line, like every other error (the
-    usage text is one --help away). Subcommand parsers are made of this class too."""
+    usage text is one --help away), and every multi-word flag taken in both spellings:
+    `--max-steps` and `--max_steps` (help shows the one each command declares). Subcommand
+    parsers are made of this class too, so each respells its own flags."""
 
     def error(self, message: str):
         self.exit(2, f"error: {message}; see `{self.prog} --help`\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        return super().parse_known_args(self._respelled(args), namespace)
+
+    def _respelled(self, args: list[str]) -> list[str]:
+        """`args` with each flag this parser does not know, but knows with `-` and `_` swapped,
+        written the way it knows it (`--max_steps=3` -> `--max-steps=3` where that is declared)."""
+        known = self._option_string_actions
+        by_key = {flag.replace("_", "-"): flag for flag in known if flag.startswith("--")}  # --no-fused_loss too
+        out = []
+        for i, arg in enumerate(args):
+            if arg == "--":  # everything after it is a value
+                return out + args[i:]
+            name, eq, value = arg.partition("=")
+            if name.startswith("--") and name not in known:
+                name = by_key.get(name.replace("_", "-"), name)
+            out.append(name + eq + value)
+        return out
 
 
 def _add_doctor(sub) -> None:

@@ -177,3 +177,35 @@ def test_inspect_unknown_preset_is_one_error_line():
     assert lines[0].startswith("error: ") and "'nope'" in lines[0]
     assert "Traceback" not in result.stderr
     assert result.stdout == ""
+
+
+def test_every_multi_word_flag_of_every_command_takes_both_spellings():
+    """`--max-steps` and `--max_steps` mean the same in every command (one spelling is shown in
+    help): parsing either gives the same namespace as the declared one."""
+    import argparse
+
+    from scratchlm.cli import build_parser
+
+    parser = build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    checked = 0
+    for name, sub in commands.items():
+        required = [a for a in sub._actions if a.required and a.option_strings]
+        base = [name] + [token for a in required for token in (a.option_strings[0], "x")]
+        for action in sub._actions:
+            for flag in action.option_strings:
+                if not flag.startswith("--") or ("-" not in flag[2:] and "_" not in flag[2:]):
+                    continue
+                other = "--" + (flag[2:].replace("-", "_") if "-" in flag[2:] else flag[2:].replace("_", "-"))
+                if flag.startswith("--no-") and "_" in flag:  # --no-fused_loss: the other way is all hyphens
+                    other = flag.replace("_", "-")
+                assert other not in sub._option_string_actions  # only one spelling declared
+                value = [] if action.nargs == 0 else (["1"] if action.choices is None else [str(next(iter(action.choices)))])
+                declared = parser.parse_args(base + [flag, *value])
+                respelled = parser.parse_args(base + [other, *value])
+                with_equals = parser.parse_args(base + [f"{other}={value[0]}"]) if value else respelled
+                assert vars(declared) == vars(respelled) == vars(with_equals), (name, flag)
+                checked += 1
+    assert checked > 40  # train alone has dozens
+    help_text = commands["train"].format_help()
+    assert "--max_steps" in help_text and "--max-steps" not in help_text  # one spelling in help
