@@ -39,6 +39,7 @@ from safetensors.torch import load_file, save_file
 
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
+from scratchlm.fileio import atomic_write
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -78,13 +79,8 @@ def _write_bytes_durably(path: Path, data: bytes) -> None:
 
 def _write_text_atomically(path: Path, text: str) -> None:
     """Replace `path` with `text` so that readers see the old content or the new, never a mix."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    try:
-        _write_bytes_durably(tmp, text.encode("utf-8"))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_write(path, durable=True) as f:
+        f.write(text.encode("utf-8"))
     _fsync_path(path.parent)
 
 

@@ -35,6 +35,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
+from scratchlm.fileio import atomic_write, cache_home, umask
 from scratchlm.errors import ConfigError, UserError, check_folder_path
 
 FORMAT_VERSION = 1
@@ -152,37 +153,10 @@ def write_shard(path: str | os.PathLike, tokens: np.ndarray | Sequence[int], dty
         raise ValueError(f"shards hold uint16 or uint32 ids, not {dtype}")
     if arr.size and (arr.min() < 0 or arr.max() >= 1 << (8 * dtype.itemsize)):
         raise ValueError(f"ids outside the range of {dtype}")
-    with _atomic_file(path) as f:
+    with atomic_write(path) as f:
         f.write(HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, arr.size))
         arr.astype(dtype, copy=False).tofile(f)
     return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-class _atomic_file:
-    """open(path, 'wb') that only appears under `path` once closed without an exception."""
-
-    def __init__(self, path: Path):
-        self.path = path
-
-    def __enter__(self):
-        fd, self.tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", suffix=".tmp", dir=self.path.parent)
-        self.f = os.fdopen(fd, "wb")
-        return self.f
-
-    def __exit__(self, exc_type, exc, tb):
-        self.f.close()
-        if exc_type is None:
-            os.chmod(self.tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the usual permissions
-            os.replace(self.tmp, self.path)
-        else:
-            os.unlink(self.tmp)
-        return False
 
 
 def read_shard(path: str | os.PathLike) -> np.ndarray:
@@ -398,7 +372,7 @@ def _copy_tokens(all_tokens: np.ndarray, ranges: Iterable[tuple[int, int]], path
     """Write the concatenation of all_tokens[a:b] over ranges as one shard; returns its length."""
     ranges = list(ranges)
     count = sum(b - a for a, b in ranges)
-    with _atomic_file(path) as f:
+    with atomic_write(path) as f:
         f.write(HEADER.pack(MAGIC, FORMAT_VERSION, dtype.itemsize, count))
         for a, b in ranges:
             for i in range(a, b, 1 << 24):
@@ -560,7 +534,7 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | Non
         staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     except OSError as exc:  # read-only, no permission, a full disk: say where, not the staging name
         raise UserError(f"{out_dir.parent}: cannot write the prepared data here ({exc.strerror}); choose another --out") from None
-    os.chmod(staging, 0o777 & ~_umask())  # mkdtemp makes 0700; the folder may become out_dir itself
+    os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes 0700; the folder may become out_dir itself
     try:
         _build(cfg, staging, progress)
         _publish(staging, out_dir)
@@ -592,14 +566,6 @@ def _publish(staging: Path, out_dir: Path) -> None:
 
 # ----------------------------------------------------------------------------------------------
 # cache
-
-
-def cache_home() -> Path:
-    """scratchlm's cache folder: $SCRATCHLM_CACHE, else ~/.cache/scratchlm. Prepared data goes in
-    its data/ (`cache_root`), the compiled decoding kernels in kernels/, the measured CPU matmul
-    peak in cpu_peak.json."""
-    env = os.environ.get("SCRATCHLM_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm"
 
 
 def cache_root() -> Path:

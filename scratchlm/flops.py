@@ -10,14 +10,13 @@ without embeddings) is shown beside it by inspect, not used.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
 
 import torch
 
 from scratchlm.config import GPTConfig
 from scratchlm.cpu import cpu_name, matmul_flops
-from scratchlm.fileio import cache_home
+from scratchlm.fileio import atomic_write, cache_home
 
 
 def count_params(cfg: GPTConfig) -> dict[str, int]:
@@ -124,9 +123,8 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
         table[key] = measured
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-            tmp.write_text(json.dumps(table, indent=1))
-            os.replace(tmp, path)
+            with atomic_write(path, "w") as f:
+                f.write(json.dumps(table, indent=1))
         except OSError:
             pass  # a read-only cache only loses the memory of a better figure
     return table[key]

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from scratchlm.decoding import _decoder_for, _greedy_steps, _last_logits, _model_device_dtype
 from scratchlm.errors import ConfigError, UserError
-from scratchlm.model import GPT, KVCache
+from scratchlm.model import GPT, KVCache, eval_mode
 from scratchlm.sampling import check_sampling_options, choose_next, make_generator
 
 
@@ -109,9 +109,7 @@ def iter_tokens(
     # _greedy_steps), as many as fit in GREEDY_LATENCY by the last chunk's pace.
     chunked = (greedy or temperature == 0) and not penalise and cache is not None
     per_step = None  # seconds a compiled greedy step took in the last chunk: sizes the next
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         step = 0
         while step < max_new_tokens:
             if chunked and step > 0 and cache.length < block:
@@ -144,8 +142,6 @@ def iter_tokens(
             n += 1
             step += 1
             yield next_ids, logits
-    finally:
-        model.train(was_training)
 
 
 def generate_ids(
@@ -243,9 +239,7 @@ def beam_search(
     scores = torch.zeros(1, device=device)  # (W_live,) log-probability of each continuation
     finished: list[tuple[list[int], float]] = []
     cache = KVCache(model.config, 1, device=device, dtype=dtype) if use_cache else None
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         for step in range(max_new_tokens):
             n = beams.shape[1]
             if cache is None:
@@ -283,8 +277,6 @@ def beam_search(
                 # each surviving beam inherits its parent's keys and values
                 cache.k = cache.k.index_select(1, parents)  # (N, W_live, H, block, hs)
                 cache.v = cache.v.index_select(1, parents)
-    finally:
-        model.train(was_training)
 
     finished += [(row.tolist(), float(s)) for row, s in zip(beams, scores)]
     finished.sort(key=lambda pair: _length_normalised(pair[1], len(pair[0]) - T0, length_penalty), reverse=True)

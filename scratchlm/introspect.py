@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -25,8 +24,9 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm.config import GPTConfig
+from scratchlm.fileio import atomic_write
 from scratchlm.flops import count_params, flops_per_token, si_units
-from scratchlm.model import GPT, apply_rope
+from scratchlm.model import GPT, apply_rope, eval_mode
 
 # --------------------------------------------------------------------------------------------
 # 1. Parameters
@@ -116,14 +116,12 @@ def shape_trace(model: GPT, batch_size: int = 2, seq_len: int = 16, seed: int = 
         hooks.append(block.register_forward_hook(record(f"block {i} output")))
     hooks.append(model.transformer.ln_f.register_forward_hook(record("final norm ln_f")))
     hooks.append(model.lm_head.register_forward_hook(record("logits lm_head")))
-    was_training = model.training
-    model.eval()
-    try:
-        model(idx)
-    finally:
-        model.train(was_training)
-        for h in hooks:
-            h.remove()
+    with eval_mode(model):
+        try:
+            model(idx)
+        finally:
+            for h in hooks:
+                h.remove()
     return stations
 
 
@@ -673,12 +671,8 @@ def attention_weights(model: GPT, ids: Sequence[int]) -> list[np.ndarray]:
     device = next(model.parameters()).device
     idx = torch.tensor([list(ids)], dtype=torch.long, device=device)  # (1, T)
     weights: list[torch.Tensor] = []
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         model(idx, attn_weights=weights)
-    finally:
-        model.train(was_training)
     return [w[0].float().cpu().numpy() for w in weights]
 
 
@@ -783,18 +777,11 @@ def attention_figure(weights: list[np.ndarray], labels: Sequence[str], *, layers
 
 
 def save_figure(fig, out: str | os.PathLike) -> Path:
-    """Write the figure as PNG through a temp file in the same directory, then os.replace."""
+    """Write the figure as PNG, whole or not at all (scratchlm.fileio.atomic_write)."""
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            with warnings.catch_warnings():
-                # find_font_for already warned once if a glyph is missing; don't repeat per label
-                warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
-                fig.savefig(f, format="png", dpi=fig.dpi)
-        os.replace(tmp, out)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_write(out) as f, warnings.catch_warnings():
+        # find_font_for already warned once if a glyph is missing; don't repeat per label
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font")
+        fig.savefig(f, format="png", dpi=fig.dpi)
     return out

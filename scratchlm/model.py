@@ -14,7 +14,10 @@ so GPT-2 weights load key for key (transposing HF's Conv1D matrices) and the Num
 
 from __future__ import annotations
 
+import contextlib
+
 import math
+from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
@@ -398,3 +401,15 @@ class GPT(nn.Module):
             if self.config.tie_weights:  # the shared matrix is still needed as lm_head
                 total += self.lm_head.weight.numel()
         return total
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """`model` in eval mode (no dropout) for the block, then back in the mode it was in, whatever
+    happens inside."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
+    finally:
+        model.train(was_training)

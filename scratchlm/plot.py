@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from scratchlm.errors import UserError
+from scratchlm.fileio import atomic_write
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:
@@ -34,8 +35,6 @@ def _curve(records: list[dict], event: str, key: str) -> tuple[list[int], list[i
 
 def plot_run(run_dir: Path | str, out: Path | str | None = None) -> Path:
     """Draw the loss curves of a run to a PNG (default run_dir/loss.png); return its path."""
-    import os
-
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -59,8 +58,9 @@ def plot_run(run_dir: Path | str, out: Path | str | None = None) -> Path:
         ax.legend()
     fig.suptitle(str(run_dir))
     out = Path(out) if out else Path(run_dir) / "loss.png"
-    tmp = out.with_name(f".{out.name}.tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, out)  # never leave a half-written picture under the user's name
+    try:
+        with atomic_write(out) as f:  # never a half-written picture under the user's name, nor a temp file
+            fig.savefig(f, format="png", dpi=110)
+    finally:
+        plt.close(fig)
     return out

@@ -34,7 +34,7 @@ import torch
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.model import GPT
+from scratchlm.model import GPT, eval_mode
 from scratchlm.cpu import auto_dtype
 from scratchlm.flops import device_peak_flops, flops_per_token, si_units
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
@@ -327,15 +327,13 @@ def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _D
     """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
     drawn from a stream of its own so the training stream and RNGs are untouched."""
     stream = _RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), device=device)
-    for _ in range(cfg.eval_iters):
-        x, y = stream.next_batch()
-        with _autocast(device, cfg.dtype):
-            _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
-        total += loss.float()
-    model.train(was_training)
+    with eval_mode(model):
+        total = torch.zeros((), device=device)
+        for _ in range(cfg.eval_iters):
+            x, y = stream.next_batch()
+            with _autocast(device, cfg.dtype):
+                _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
+            total += loss.float()
     return float(_all_mean(total / cfg.eval_iters, d))
 
 
@@ -346,26 +344,24 @@ def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, 
     T, B = block_size, cfg.batch_size
     n_windows = (len(val_tokens) - 1) // T
     mine = np.arange(d.rank, n_windows, d.world_size)
-    was_training = model.training
-    model.eval()
-    total = torch.zeros((), device=device, dtype=torch.float64)
-    count = torch.zeros((), device=device, dtype=torch.float64)
-    per_rank = -(-n_windows // d.world_size)  # the most windows any process gets
-    # every process runs the same number of forwards (FSDP gathers weights collectively in each);
-    # one that has run out of windows repeats window 0 and leaves it out of the sums
-    for i in range(0, per_rank, B):
-        starts = mine[i : i + B] * T
-        weight = 1.0 if len(starts) else 0.0
-        if not len(starts):
-            starts = np.zeros(1, dtype=np.int64)
-        rows = np.asarray(val_tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64)  # (b, T+1)
-        x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
-        y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
-        with _autocast(device, cfg.dtype):
-            _, loss = model(x, y, return_logits=not cfg.fused_loss)
-        total += weight * loss.double() * y.numel()
-        count += weight * y.numel()
-    model.train(was_training)
+    with eval_mode(model):
+        total = torch.zeros((), device=device, dtype=torch.float64)
+        count = torch.zeros((), device=device, dtype=torch.float64)
+        per_rank = -(-n_windows // d.world_size)  # the most windows any process gets
+        # every process runs the same number of forwards (FSDP gathers weights collectively in each);
+        # one that has run out of windows repeats window 0 and leaves it out of the sums
+        for i in range(0, per_rank, B):
+            starts = mine[i : i + B] * T
+            weight = 1.0 if len(starts) else 0.0
+            if not len(starts):
+                starts = np.zeros(1, dtype=np.int64)
+            rows = np.asarray(val_tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64)  # (b, T+1)
+            x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
+            y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
+            with _autocast(device, cfg.dtype):
+                _, loss = model(x, y, return_logits=not cfg.fused_loss)
+            total += weight * loss.double() * y.numel()
+            count += weight * y.numel()
     if d.enabled:
         import torch.distributed as dist
 
@@ -379,12 +375,8 @@ def _sample_text(model: GPT, tokenizer, n: int, seed: int) -> str:
     """A short continuation of BOS with scratchlm.generate's sampler (its own seeded generator)."""
     from scratchlm.generate import generate
 
-    was_training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         return generate(model, tokenizer, "", max_new_tokens=n, temperature=0.8, top_k=40, seed=seed).text
-    finally:
-        model.train(was_training)
 
 
 # --------------------------------------------------------------------------------------------
