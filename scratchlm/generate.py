@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from scratchlm.decoding import _decoder_for, _greedy_steps, _last_logits, _model_device_dtype
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT, KVCache, eval_mode
-from scratchlm.sampling import check_sampling_options, choose_next, make_generator
+from scratchlm.sampling import SamplingOptions, check_max_new_tokens, choose_next, make_generator
 
 
 GREEDY_CHUNK = 8
@@ -61,20 +61,18 @@ def iter_tokens(
     idx: torch.Tensor,
     *,
     max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    greedy: bool = False,
+    sampling: SamplingOptions | None = None,
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     dtype: torch.dtype | str | None = None,
+    **options,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (next ids (B,), the model's raw logits (B, V) they were chosen from), step by step.
 
     idx (B, T0) holds the prompts, T0 >= 1 (start from BOS for an empty prompt). The model runs
-    in eval mode (no dropout) and is put back in its former mode when the iterator ends.
+    in eval mode (no dropout) and is put back in its former mode when the iterator ends. How each
+    token is chosen: `sampling=SamplingOptions(...)`, or its fields as keywords (temperature=0.8,
+    top_k=40, greedy=True, ...), as for every function here.
 
     use_cache=False is the plain loop of S20: every step runs the whole window, the last
     `block_size` tokens. use_cache=True gives the same tokens:
@@ -88,10 +86,8 @@ def iter_tokens(
         window, which costs what the plain loop costs. Until the boundary, a step costs one
         position instead of up to `block_size`.
     """
-    check_sampling_options(
-        max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, repetition_penalty=repetition_penalty,
-    )
+    sampling = SamplingOptions.of(sampling, **options)
+    check_max_new_tokens(max_new_tokens)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
     decoder = _decoder_for(model, max_new_tokens, dtype)
@@ -102,12 +98,12 @@ def iter_tokens(
     seq = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :T0] = idx
     n = T0
-    penalise = repetition_penalty != 1.0
+    penalise = sampling.repetition_penalty != 1.0
     cache = KVCache(model.config, B, device=device, dtype=dtype) if use_cache else None
 
     # Greedy steps with the compiled step run up to GREEDY_CHUNK at a time in one call (see
     # _greedy_steps), as many as fit in GREEDY_LATENCY by the last chunk's pace.
-    chunked = (greedy or temperature == 0) and not penalise and cache is not None
+    chunked = sampling.is_greedy and not penalise and cache is not None
     per_step = None  # seconds a compiled greedy step took in the last chunk: sizes the next
     with eval_mode(model):
         step = 0
@@ -133,11 +129,7 @@ def iter_tokens(
                 logits = _last_logits(decoder, seq[:, max(0, n - block) : n], cache)
             else:
                 logits = _last_logits(decoder, seq[:, n - 1 : n], cache)
-            next_ids = choose_next(
-                logits, seq[:, :n] if penalise else None, temperature=temperature, top_k=top_k,
-                top_p=top_p, min_p=min_p, repetition_penalty=repetition_penalty, greedy=greedy,
-                generator=generator,
-            )
+            next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
             seq[:, n] = next_ids
             n += 1
             step += 1
@@ -149,34 +141,28 @@ def generate_ids(
     idx: torch.Tensor,
     *,
     max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    greedy: bool = False,
+    sampling: SamplingOptions | None = None,
     generator: torch.Generator | None = None,
     seed: int | None = None,
     use_cache: bool = True,
     eos_id: int | None = None,
     dtype: torch.dtype | str | None = None,
+    **options,
 ) -> torch.Tensor:
     """ids (B, T0) -> (B, T0 + n) with the n <= max_new_tokens chosen tokens appended.
 
     With eos_id, a row that produced it keeps eos_id for its remaining positions, and the loop
     stops once every row has. `seed` builds a generator when none is given.
     """
+    sampling = SamplingOptions.of(sampling, **options)
     device, _ = _model_device_dtype(model)
-    if generator is None and not greedy and temperature != 0:
+    if generator is None and not sampling.is_greedy:
         generator = make_generator(seed, device)
     idx = idx.to(device)
     steps = []
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device) if eos_id is not None else None
-    for next_ids, _ in iter_tokens(
-        model, idx, max_new_tokens=max_new_tokens, temperature=temperature, top_k=top_k, top_p=top_p,
-        min_p=min_p, repetition_penalty=repetition_penalty, greedy=greedy, generator=generator,
-        use_cache=use_cache, dtype=dtype,
-    ):
+    for next_ids, _ in iter_tokens(model, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                                   use_cache=use_cache, dtype=dtype):
         if done is not None:
             next_ids = next_ids.masked_fill(done, eos_id)
             done |= next_ids == eos_id
@@ -221,7 +207,7 @@ def beam_search(
     search; the others run for max_new_tokens steps. A beam as wide as the number of possible
     continuations prunes nothing and is an exhaustive search.
     """
-    check_sampling_options(max_new_tokens=max_new_tokens)
+    check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
     if idx.dim() == 2:
@@ -403,13 +389,9 @@ def _encode_prompt(model: GPT, tokenizer, prompt: str) -> tuple[list[int], list[
     return ids, ids[-block:] if cropped else ids, cropped
 
 
-def _sampling_kwargs(options: dict) -> dict:
-    return {k: options[k] for k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty", "greedy")}
-
-
 def _run_rows(
     model: GPT, tokenizer, start_ids: list[int], num_samples: int, stop: Sequence[str] | None,
-    seed: int | None, use_cache: bool, max_new_tokens: int, sampling: dict,
+    seed: int | None, use_cache: bool, max_new_tokens: int, sampling: SamplingOptions,
     dtype: torch.dtype | str | None = None,
 ) -> Iterator[list[_Row]]:
     """Sample `num_samples` continuations of one prompt in one batch; yield the rows after
@@ -419,8 +401,8 @@ def _run_rows(
     rows = [_Row(tokenizer, eos_id, [s for s in (stop or []) if s]) for _ in range(num_samples)]
     idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (S, T0)
     generator = make_generator(seed, device)
-    tokens = iter_tokens(model, idx, max_new_tokens=max_new_tokens, generator=generator, use_cache=use_cache,
-                         dtype=dtype, **sampling)
+    tokens = iter_tokens(model, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                         use_cache=use_cache, dtype=dtype)
     try:
         for next_ids, _ in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -435,8 +417,8 @@ def _run_rows(
     yield rows
 
 
-def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, sampling: dict) -> None:
-    check_sampling_options(max_new_tokens=max_new_tokens, **{k: v for k, v in sampling.items() if k != "greedy"})
+def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int) -> None:
+    check_max_new_tokens(max_new_tokens)
     if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ConfigError("num_samples", f"must be a whole number >= 1, got {num_samples!r}")
     if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
@@ -451,12 +433,7 @@ def generate(
     prompt: str,
     *,
     max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    greedy: bool = False,
+    sampling: SamplingOptions | None = None,
     seed: int | None = None,
     stop: Sequence[str] | None = None,
     use_cache: bool = True,
@@ -464,6 +441,7 @@ def generate(
     beams: int = 1,
     length_penalty: float = 1.0,
     dtype: torch.dtype | str | None = None,
+    **options,
 ) -> GenerationResult:
     """Continue `prompt`; return the continuation's text and ids (see GenerationResult).
 
@@ -475,9 +453,8 @@ def generate(
     decodes with a copy of the weights cast to it: half the bytes to read per token in bfloat16,
     at bfloat16's precision (see `decoding_model`).
     """
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repetition_penalty=repetition_penalty, greedy=greedy)
-    _check_generate_options(num_samples, beams, max_new_tokens, sampling)
+    sampling = SamplingOptions.of(sampling, **options)
+    _check_generate_options(num_samples, beams, max_new_tokens)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
     stops = [s for s in (stop or []) if s]
     logprobs = None
@@ -514,16 +491,12 @@ def stream(
     prompt: str,
     *,
     max_new_tokens: int = 100,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    greedy: bool = False,
+    sampling: SamplingOptions | None = None,
     seed: int | None = None,
     stop: Sequence[str] | None = None,
     use_cache: bool = True,
     dtype: torch.dtype | str | None = None,
+    **options,
 ) -> Iterator[str]:
     """Like `generate` for one sample, but yield the text in pieces as soon as they are printable.
 
@@ -531,11 +504,10 @@ def stream(
     character split across tokens is held back until complete, and a tail that might begin a
     stop string until it is clear whether it does.
     """
-    sampling = dict(temperature=temperature, top_k=top_k, top_p=top_p, min_p=min_p,
-                    repetition_penalty=repetition_penalty, greedy=greedy)
     # Checked and encoded now, not at the first next(): errors and the crop warning come
     # before the caller prints anything.
-    _check_generate_options(1, 1, max_new_tokens, sampling)
+    sampling = SamplingOptions.of(sampling, **options)
+    _check_generate_options(1, 1, max_new_tokens)
     _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
     stops = [s for s in (stop or []) if s]
     rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)

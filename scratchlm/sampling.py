@@ -11,6 +11,7 @@ The sampler is written here from scratch, as the tutorials do it: it is one of t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from numbers import Integral, Real
 
 import numpy as np
@@ -128,14 +129,10 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> to
 def choose_next(
     logits: torch.Tensor,
     previous: torch.Tensor | None = None,
+    options: SamplingOptions | None = None,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-    greedy: bool = False,
     generator: torch.Generator | None = None,
+    **fields,
 ) -> torch.Tensor:
     """The whole pipeline for one step: logits (B, V) and the ids so far (B, T) -> next ids (B,).
 
@@ -145,12 +142,16 @@ def choose_next(
     After top-k, the later stages work on the k candidates alone (B, k) when no other token ties
     with the k-th: every other token is -inf by then, so top-p, min-p and the draw give the same
     distribution, and 200 scores cost far less than 50,257.
+
+    The settings come as a SamplingOptions, or as its fields by keyword (temperature=0.8, ...).
     """
+    o = SamplingOptions.of(options, **fields)
+    top_k, top_p, min_p = o.top_k, o.top_p, o.min_p
     if previous is not None:
-        logits = apply_repetition_penalty(logits, previous, repetition_penalty)
-    if greedy or temperature == 0:
+        logits = apply_repetition_penalty(logits, previous, o.repetition_penalty)
+    if o.is_greedy:
         return greedy_ids(logits)
-    logits = apply_temperature(logits, temperature)
+    logits = apply_temperature(logits, o.temperature)
     candidates = None  # (B, k) vocabulary ids of the columns of `logits`, once narrowed to them
     if top_k is not None and top_k < logits.shape[-1]:
         top, ids = torch.topk(logits, top_k, dim=-1)  # (B, k) each
@@ -166,31 +167,62 @@ def choose_next(
     return drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
 
 
-def check_sampling_options(
-    *,
-    max_new_tokens: int = 0,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    min_p: float | None = None,
-    repetition_penalty: float = 1.0,
-) -> None:
-    """Refuse values that have no meaning, naming the option (ConfigError is a UserError and a
-    ValueError, so both the CLI and library callers can catch it)."""
+@dataclass(frozen=True)
+class SamplingOptions:
+    """How each next token is chosen (`choose_next`), checked once when made: a value with no
+    meaning is a ConfigError naming the option (a UserError and a ValueError, so both the CLI and
+    library callers can catch it). The generation functions take one of these, or its fields as
+    keywords."""
+
+    temperature: float = 1.0
+    """Scores are divided by it: < 1 sharpens, > 1 flattens; 0 means greedy."""
+    top_k: int | None = None
+    """Keep the k most likely tokens (and any tied with the k-th)."""
+    top_p: float | None = None
+    """Keep the most likely tokens until their probabilities add up to at least p."""
+    min_p: float | None = None
+    """Keep tokens at least min_p times as likely as the most likely one."""
+    repetition_penalty: float = 1.0
+    """Tokens already in the sequence get their scores pushed down by this factor; 1 disables it."""
+    greedy: bool = False
+    """Take the most likely token every step (the filters then change nothing)."""
+
+    def __post_init__(self) -> None:
+        t, k, p, m, r = self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty
+        if not (isinstance(t, Real) and not isinstance(t, bool) and math.isfinite(t) and t >= 0):
+            raise ConfigError("temperature", f"must be a finite number >= 0 (0 means greedy), got {t!r}")
+        if k is not None and (isinstance(k, bool) or not isinstance(k, Integral) or k < 1):
+            raise ConfigError("top_k", f"must be a whole number >= 1, got {k!r}")
+        if p is not None and not (isinstance(p, Real) and 0.0 < p <= 1.0):
+            raise ConfigError("top_p", f"must be in (0, 1], got {p!r}")
+        if m is not None and not (isinstance(m, Real) and 0.0 <= m <= 1.0):
+            raise ConfigError("min_p", f"must be in [0, 1], got {m!r}")
+        if not (isinstance(r, Real) and math.isfinite(r) and r > 0):
+            raise ConfigError("repetition_penalty", f"must be a finite number > 0 (1 disables it), got {r!r}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return bool(self.greedy) or self.temperature == 0
+
+    @classmethod
+    def of(cls, options: SamplingOptions | None = None, **fields) -> SamplingOptions:
+        """`options` itself, or a SamplingOptions made of `fields` (an unknown name is a
+        TypeError, as for any misspelt keyword); not both."""
+        if options is None:
+            return cls(**fields)
+        if fields:
+            raise TypeError(f"sampling options given twice: as SamplingOptions and as {', '.join(fields)}")
+        if not isinstance(options, cls):
+            raise TypeError(f"expected SamplingOptions, got {type(options).__name__}")
+        return options
+
+
+def check_max_new_tokens(max_new_tokens: int) -> None:
+    """A whole number from 0 to MAX_NEW_TOKENS_LIMIT, else a ConfigError naming it."""
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, Integral):
         raise ConfigError("max_new_tokens", f"must be a whole number, got {max_new_tokens!r}")
     if not 0 <= max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise ConfigError("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
-    if not (isinstance(temperature, Real) and math.isfinite(temperature) and temperature >= 0):
-        raise ConfigError("temperature", f"must be a finite number >= 0 (0 means greedy), got {temperature!r}")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, Integral) or top_k < 1):
-        raise ConfigError("top_k", f"must be a whole number >= 1, got {top_k!r}")
-    if top_p is not None and not (isinstance(top_p, Real) and 0.0 < top_p <= 1.0):
-        raise ConfigError("top_p", f"must be in (0, 1], got {top_p!r}")
-    if min_p is not None and not (isinstance(min_p, Real) and 0.0 <= min_p <= 1.0):
-        raise ConfigError("min_p", f"must be in [0, 1], got {min_p!r}")
-    if not (isinstance(repetition_penalty, Real) and math.isfinite(repetition_penalty) and repetition_penalty > 0):
-        raise ConfigError("repetition_penalty", f"must be a finite number > 0 (1 disables it), got {repetition_penalty!r}")
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
