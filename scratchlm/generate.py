@@ -427,6 +427,24 @@ def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int) -
         raise ConfigError("num_samples", f"beam search returns at most --beams={beams} sequences, asked for {num_samples}")
 
 
+def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], beams: int, max_new_tokens: int,
+               length_penalty: float, n_best: int, use_cache: bool,
+               dtype: torch.dtype | str | None) -> tuple[list[_Row], list[float]]:
+    """The n_best beams of beam_search as finished rows (their text cut at a stop string), and
+    their log-probabilities."""
+    eos_id = getattr(tokenizer, "eos_id", None)
+    best = beam_search(model, torch.tensor(start_ids), beams, max_new_tokens, length_penalty, n_best=n_best,
+                       eos_id=eos_id, use_cache=use_cache, dtype=dtype)
+    rows = []
+    for ids, _ in best:
+        row = _Row(tokenizer, eos_id, stops)
+        for token in ids[len(start_ids) :]:
+            row.push(token)
+        row.finish()
+        rows.append(row)
+    return rows, [lp for _, lp in best]
+
+
 def generate(
     model: GPT,
     tokenizer,
@@ -459,19 +477,8 @@ def generate(
     stops = [s for s in (stop or []) if s]
     logprobs = None
     if beams > 1:
-        eos_id = getattr(tokenizer, "eos_id", None)
-        best = beam_search(
-            model, torch.tensor(start_ids), beams, max_new_tokens, length_penalty, n_best=num_samples,
-            eos_id=eos_id, use_cache=use_cache, dtype=dtype,
-        )
-        rows = []
-        for ids, _ in best:
-            row = _Row(tokenizer, eos_id, stops)
-            for token in ids[len(start_ids) :]:
-                row.push(token)
-            row.finish()
-            rows.append(row)
-        logprobs = [lp for _, lp in best]
+        rows, logprobs = _beam_rows(model, tokenizer, start_ids, stops, beams, max_new_tokens, length_penalty,
+                                    num_samples, use_cache, dtype)
     else:
         for rows in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens, sampling,
                               dtype):
