@@ -87,7 +87,7 @@ def _run_walkthrough(args) -> int:
     import torch
 
     from scratchlm.config import GPTConfig
-    from scratchlm.introspect import WALKTHROUGH_IDS, format_walkthrough, walkthrough, walkthrough_json
+    from scratchlm.walkthrough import WALKTHROUGH_IDS, format_walkthrough, walkthrough, walkthrough_json
 
     cfg = GPTConfig.from_name(args.preset)
     ids = list(WALKTHROUGH_IDS)[: cfg.block_size]
@@ -117,7 +117,7 @@ def _add_attention(sub) -> None:
 
 def _run_attention(args) -> int:
     from scratchlm.checkpoint import load_model
-    from scratchlm.introspect import attention_figure, attention_weights, save_figure, token_labels
+    from scratchlm.attention_maps import attention_figure, attention_weights, save_figure, token_labels
 
     model, tokenizer, _ = load_model(args.checkpoint)
     if tokenizer is None:

@@ -53,7 +53,7 @@ def _compiler_line() -> str:
 
 def _cjk_font() -> str | None:
     try:
-        from scratchlm.introspect import find_font_for
+        from scratchlm.attention_maps import find_font_for
 
         return find_font_for(_CJK_SAMPLE)
     except Exception:  # noqa: BLE001 - a broken matplotlib install is reported as no font

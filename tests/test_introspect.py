@@ -15,7 +15,9 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from scratchlm import attention_maps as amaps
 from scratchlm import introspect as ins
+from scratchlm import walkthrough as walk
 from scratchlm.cli import main
 from scratchlm.config import GPTConfig
 from scratchlm.model import GPT
@@ -228,7 +230,7 @@ def test_memory_totals_add_up_and_scale():
 
 def test_walkthrough_torch_and_numpy_agree():
     for init in ("hand", "model"):
-        w = ins.walkthrough(init=init)
+        w = walk.walkthrough(init=init)
         keys = [s.key for s in w.steps]
         for key in ("wte", "pos", "x0", "h0.q", "h0.k", "h0.v", "h0.scores", "h0.mask", "h0.weights", "h0.heads",
                     "h0.concat", "h0.attn_out", "h0.resid_1", "h0.ln_2", "h0.mlp_hidden", "logits", "probs"):
@@ -250,7 +252,7 @@ def test_walkthrough_matches_a_hand_calculation():
               [e, e^-1, e] / (2e + e^-1) = [e^2, 1, e^2] / (2e^2 + 1)
       head 1: [1, 0, 0]; [1/(1+e^4), e^4/(1+e^4)]; [e^4, 1, e^4] / (2e^4 + 1)
     """
-    model = ins.walkthrough_model(init="model")
+    model = walk.walkthrough_model(init="model")
     sd = {k: torch.zeros_like(v) for k, v in model.state_dict().items()}
     sd["transformer.wte.weight"][1] = torch.tensor([1.0, 0.0])
     sd["transformer.wte.weight"][2] = torch.tensor([0.0, 1.0])
@@ -261,7 +263,7 @@ def test_walkthrough_matches_a_hand_calculation():
         [[1.0, 0.0], [0.0, 1.0], [1.0, 0.0], [0.0, 2.0], [1.0, 0.0], [0.0, 1.0]], dtype=torch.float64
     )  # rows [W_Q; W_K; W_V]
     model.load_state_dict(sd)
-    w = ins.walkthrough_of(model, [1, 2, 1])
+    w = walk.walkthrough_of(model, [1, 2, 1])
     weights = {s.key: s for s in w.steps}["h0.weights"]
     e = math.e
     hand = np.array([
@@ -296,7 +298,7 @@ def test_explicit_attention_weights_are_causal_distributions_and_reproduce_sdpa(
     model = _model(n_layer=3, n_head=4, n_embd=16).eval()
     T = 10
     ids = torch.randint(0, TINY["vocab_size"], (T,), generator=torch.Generator().manual_seed(1)).tolist()
-    weights = ins.attention_weights(model, ids)
+    weights = amaps.attention_weights(model, ids)
     assert len(weights) == 3
     for w in weights:
         assert w.shape == (4, T, T)
@@ -347,8 +349,8 @@ def test_attention_png_has_the_expected_size_and_panels(tmp_path, capsys):
                  "--layer", "1", "--head", "0", "--head", "1"]) == 0
     assert matplotlib.image.imread(out).shape[:2] == (1 * 3 * 40, 2 * 3 * 40)
 
-    model_weights = ins.attention_weights(_model(vocab_size=tok.vocab_size, block_size=16), tok.encode("the cat"))
-    fig = ins.attention_figure(model_weights, ins.token_labels(tok, tok.encode("the cat")), layers=[0, 1], heads=[1])
+    model_weights = amaps.attention_weights(_model(vocab_size=tok.vocab_size, block_size=16), tok.encode("the cat"))
+    fig = amaps.attention_figure(model_weights, amaps.token_labels(tok, tok.encode("the cat")), layers=[0, 1], heads=[1])
     panels = [ax for ax in fig.axes if ax.images]
     assert len(panels) == 2
     assert [t.get_text() for t in panels[0].get_xticklabels()] == list("the\u2423cat")
@@ -363,7 +365,7 @@ def _has_cjk_font() -> bool:
         listed = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip()
         if not listed:
             return False
-    return ins.find_font_for("注意力") is not None
+    return amaps.find_font_for("注意力") is not None
 
 
 @pytest.mark.skipif(not _has_cjk_font(), reason="no font with Chinese glyphs is installed (e.g. fonts-noto-cjk)")
@@ -372,21 +374,21 @@ def test_cjk_labels_render_without_missing_glyph_warnings(tmp_path):
 
     tok = CharTokenizer.train(["床前明月光"])
     ids = tok.encode("床前明月光")
-    weights = ins.attention_weights(_model(vocab_size=tok.vocab_size), ids)
+    weights = amaps.attention_weights(_model(vocab_size=tok.vocab_size), ids)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig = ins.attention_figure(weights, ins.token_labels(tok, ids))
+        fig = amaps.attention_figure(weights, amaps.token_labels(tok, ids))
         fig.savefig(tmp_path / "cjk.png", dpi=fig.dpi)  # drawing is where matplotlib reports missing glyphs
     assert not [w for w in caught if "missing from font" in str(w.message)], [str(w.message) for w in caught]
     assert not [w for w in caught if "no installed font" in str(w.message)]
 
 
 def test_missing_font_falls_back_with_one_warning(tmp_path, monkeypatch):
-    monkeypatch.setattr(ins, "find_font_for", lambda text: None)
+    monkeypatch.setattr(amaps, "find_font_for", lambda text: None)
     weights = [np.tril(np.ones((1, 3, 3))) / np.arange(1, 4)[:, None]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig = ins.attention_figure(weights, ["\u2f00", "\u2f01", "\u2f02"])
-        ins.save_figure(fig, tmp_path / "x.png")
+        fig = amaps.attention_figure(weights, ["\u2f00", "\u2f01", "\u2f02"])
+        amaps.save_figure(fig, tmp_path / "x.png")
     assert len(caught) == 1 and "no installed font" in str(caught[0].message)
     assert (tmp_path / "x.png").stat().st_size > 0
