@@ -107,7 +107,8 @@ def batch(vocab: int, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Callable[[], None], GPT]:
     """One call = one optimizer step of the trainer's own step function, in `mode`."""
-    from scratchlm.train import TrainConfig, _Dist, _train_step, make_optimizer
+    from scratchlm.distributed import Dist
+    from scratchlm.train import TrainConfig, _train_step, make_optimizer
 
     dtype, fused, compiled, threads = OUR_MODES[mode]
     model = our_model(**(overrides or {}))
@@ -121,7 +122,7 @@ def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Call
         default = torch.get_num_threads()
         torch.set_num_threads(threads or default)
         try:
-            return _train_step(forward, model, optimizer, scaler, stream, cfg, _Dist(), device)
+            return _train_step(forward, model, optimizer, scaler, stream, cfg, Dist(), device)
         finally:
             torch.set_num_threads(default)
 

@@ -62,7 +62,8 @@ def _batch(vocab: int, b: int, t: int, device: torch.device) -> tuple[torch.Tens
 def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> tuple[Callable[[], Any], GPT]:
     """One call = one optimizer step of the trainer's own step function (bf16 autocast, fused
     loss, gradient clipping, fused AdamW)."""
-    from scratchlm.train import TrainConfig, _Dist, _train_step, make_optimizer
+    from scratchlm.distributed import Dist
+    from scratchlm.train import TrainConfig, _train_step, make_optimizer
 
     torch.manual_seed(0)
     model = GPT(config).to(device).train()
@@ -71,7 +72,7 @@ def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> 
     forward = torch.compile(model) if compile else model
     scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no loss scaling
     stream = _SameBatch(*_batch(config.vocab_size, b, config.block_size, device))
-    return lambda: _train_step(forward, model, optimizer, scaler, stream, cfg, _Dist(), device), model
+    return lambda: _train_step(forward, model, optimizer, scaler, stream, cfg, Dist(), device), model
 
 
 def hf_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> tuple[Callable[[], Any], Any]:

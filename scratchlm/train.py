@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import random
 import signal
 import sys
@@ -36,6 +35,9 @@ from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.model import GPT, eval_mode
 from scratchlm.cpu import auto_dtype
+from scratchlm.distributed import (
+    Dist, all_mean, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects, setup_processes,
+)
 from scratchlm.flops import device_peak_flops, flops_per_token, si_units
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
 from scratchlm.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
@@ -88,90 +90,11 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 # --------------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Dist:
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def enabled(self) -> bool:
-        return self.world_size > 1
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-def _setup_processes(cfg: TrainConfig) -> tuple[_Dist, torch.device]:
-    """Join torchrun's process group when its environment variables are set; pick the device."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    dist_info = _Dist(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
-    if cfg.device == "auto":
-        if torch.cuda.is_available():
-            kind = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available() and world == 1:
-            kind = "mps"
-        else:
-            kind = "cpu"
-    else:
-        kind = cfg.device
-    try:
-        device = torch.device(f"cuda:{dist_info.local_rank}" if kind == "cuda" and world > 1 else kind)
-    except RuntimeError:
-        raise UserError(f"--device {cfg.device}: not a device torch knows; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {cfg.device}: CUDA is not available on this machine; use --device cpu")
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    if world > 1:
-        import torch.distributed as dist
-
-        if not dist.is_initialized():
-            dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
-    return dist_info, device
-
-
 def _autocast(device: torch.device, dtype: str):
     if dtype == "float32":
         return nullcontext()
     return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
-
-def _all_mean(value: torch.Tensor, d: _Dist) -> torch.Tensor:
-    """The average of a scalar tensor over all processes (itself when there is one)."""
-    if not d.enabled:
-        return value
-    import torch.distributed as dist
-
-    value = value.detach().clone().float()
-    dist.all_reduce(value, op=dist.ReduceOp.SUM)
-    return value / d.world_size
-
-
-def _any_rank(flag: bool, d: _Dist, device: torch.device) -> bool:
-    if not d.enabled:
-        return flag
-    import torch.distributed as dist
-
-    t = torch.tensor([1.0 if flag else 0.0], device=device)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item() > 0)
-
-
-def _gather_objects(obj: Any, d: _Dist) -> list[Any]:
-    if not d.enabled:
-        return [obj]
-    import torch.distributed as dist
-
-    out: list[Any] = [None] * d.world_size
-    dist.all_gather_object(out, obj)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# FLOPs and MFU
-# --------------------------------------------------------------------------------------------
 
 # --------------------------------------------------------------------------------------------
 # Optimizer
@@ -227,7 +150,7 @@ def _data_config(cfg: TrainConfig, block_size: int | None = None):
     return DataConfig(**values)
 
 
-def _prepare_data(cfg: TrainConfig, d: _Dist, block_size: int) -> Path:
+def _prepare_data(cfg: TrainConfig, d: Dist, block_size: int) -> Path:
     """Prepare (or find) the token shards; rank 0 first so processes never race on the cache."""
     from scratchlm.data import ensure_prepared
 
@@ -258,7 +181,7 @@ class _RankBatches:
     averaged loss and gradient equal that one process's (up to summation order).
     """
 
-    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: _Dist):
+    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist):
         from scratchlm.data import BatchStream
 
         self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
@@ -323,7 +246,7 @@ class _Reporter:
 
 
 @torch.no_grad()
-def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _Dist) -> float:
+def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
     """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
     drawn from a stream of its own so the training stream and RNGs are untouched."""
     stream = _RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
@@ -334,11 +257,11 @@ def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _D
             with _autocast(device, cfg.dtype):
                 _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
             total += loss.float()
-    return float(_all_mean(total / cfg.eval_iters, d))
+    return float(all_mean(total / cfg.eval_iters, d))
 
 
 @torch.no_grad()
-def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: _Dist) -> float:
+def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
     """Validation loss over the whole split: consecutive windows of block_size + 1 tokens, each
     token after a window's first predicted once; windows shared out over the processes."""
     T, B = block_size, cfg.batch_size
@@ -493,7 +416,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
     cfg.validate()
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
-    d, device = _setup_processes(cfg)
+    d, device = setup_processes(cfg)
     try:
         result = _train(cfg, d, device, on_step)
         if d.enabled:
@@ -511,7 +434,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
                 dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainResult:
+def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainResult:
     from scratchlm.data import read_shard
     from scratchlm.tokenizer import load_tokenizer
 
@@ -572,7 +495,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     model.gradient_checkpointing = cfg.activation_checkpointing
     raw_model = model
     if cfg.fsdp and d.enabled:
-        model = _apply_fsdp(model, device, d)
+        model = apply_fsdp(model, device, d)
     elif d.enabled:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -587,7 +510,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     if resume_ckpt is not None:
         optimizer_state, state = ckpt_io.load_training_state(resume_ckpt)
         if cfg.fsdp and d.enabled:
-            _fsdp_load_optimizer(model, optimizer, optimizer_state)
+            fsdp_load_optimizer(model, optimizer, optimizer_state)
         else:
             optimizer.load_state_dict(optimizer_state["optimizer"])
         if optimizer_state.get("scaler"):
@@ -619,8 +542,8 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     )
 
     def save(at_step: int) -> Path | None:
-        model_state, optimizer_state = _full_states(raw_model, model, optimizer, cfg, d)
-        ranks = _gather_objects({"rng": _rng_state(), "data": stream.state_dict()}, d)
+        model_state, optimizer_state = full_states(raw_model, model, optimizer, cfg, d)
+        ranks = gather_objects({"rng": _rng_state(), "data": stream.state_dict()}, d)
         path = None
         if d.is_main:
             trainer_state = {"step": at_step, "tokens_seen": tokens_seen, "bad_in_row": bad_in_row,
@@ -729,7 +652,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
                         last_good_ckpt = save(step)
 
                 hook_stop = bool(on_step(step, record)) if (on_step is not None and d.is_main) else False
-                if _any_rank(stop.requested or hook_stop, d, device) and not last:
+                if any_rank(stop.requested or hook_stop, d, device) and not last:
                     why = stop.signal_name or "a stop request"
                     last_good_ckpt = save(step)
                     reporter.record("stopped", step=step, reason=why)
@@ -756,7 +679,7 @@ def _train(cfg: TrainConfig, d: _Dist, device: torch.device, on_step) -> TrainRe
     return result
 
 
-def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: _Dist,
+def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: Dist,
                 device: torch.device) -> tuple[float, float, bool]:
     """One optimizer step over grad_accum micro-batches.
 
@@ -776,7 +699,7 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
                 _, loss = forward(x, y, return_logits=not cfg.fused_loss)
             scaler.scale(loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float()
-    loss_avg = _all_mean(loss_sum / cfg.grad_accum, d)
+    loss_avg = all_mean(loss_sum / cfg.grad_accum, d)
     if scaler.is_enabled():
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     if cfg.grad_clip > 0:
@@ -796,42 +719,3 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
 
 def _jsonable(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
-
-
-# --------------------------------------------------------------------------------------------
-# FSDP2 and full state dicts
-# --------------------------------------------------------------------------------------------
-
-
-def _apply_fsdp(model: GPT, device: torch.device, d: _Dist) -> torch.nn.Module:
-    """Shard every block, then the rest (embeddings, final norm, head), over all processes."""
-    import warnings
-
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-
-    # The loop never modifies the model's outputs in place, which is what this warning is about.
-    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
-    mesh = init_device_mesh(device.type, (d.world_size,))
-    for block in model.transformer.h:
-        fully_shard(block, mesh=mesh)
-    fully_shard(model, mesh=mesh)
-    return model
-
-
-def _full_states(raw_model: GPT, model, optimizer, cfg: TrainConfig, d: _Dist) -> tuple[dict, dict]:
-    """Unsharded model and optimizer state dicts (collective under FSDP; call on every rank)."""
-    if cfg.fsdp and d.enabled:
-        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-        return model_state, optimizer_state
-    return raw_model.state_dict(), optimizer.state_dict()
-
-
-def _fsdp_load_optimizer(model, optimizer, optimizer_state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, optimizer, optimizer_state["optimizer"],
-                             options=StateDictOptions(full_state_dict=True))
