@@ -20,7 +20,6 @@ import json
 import math
 import random
 import signal
-import sys
 import time
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
@@ -33,12 +32,14 @@ import torch
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.model import GPT, eval_mode
+from scratchlm.model import GPT
 from scratchlm.cpu import auto_dtype
 from scratchlm.distributed import (
     Dist, all_mean, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects, setup_processes,
 )
+from scratchlm.evaluation import RankBatches, autocast, evaluate, evaluate_full, sample_text
 from scratchlm.flops import device_peak_flops, flops_per_token, si_units
+from scratchlm.progress import Reporter
 from scratchlm.optim import Muon, MuonWithAdamW, hidden_matrices, newton_schulz_dtype
 from scratchlm.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
@@ -83,17 +84,6 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     if cfg.lr_schedule == "cosine":
         return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
     return cfg.lr - progress * (cfg.lr - cfg.min_lr)
-
-
-# --------------------------------------------------------------------------------------------
-# Devices, processes, precision
-# --------------------------------------------------------------------------------------------
-
-
-def _autocast(device: torch.device, dtype: str):
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
 
 
 # --------------------------------------------------------------------------------------------
@@ -166,140 +156,6 @@ def _prepare_data(cfg: TrainConfig, d: Dist, block_size: int) -> Path:
             prepared = ensure_prepared(data_cfg, cache)
         return Path(prepared)
     return Path(ensure_prepared(data_cfg, cache))
-
-
-# --------------------------------------------------------------------------------------------
-# Progress and records
-# --------------------------------------------------------------------------------------------
-
-
-class _RankBatches:
-    """This process's share of each global batch: rows rank, rank + W, ... of a (B * W, T) batch.
-
-    Every process draws the same global batch from the same seeded stream and keeps its rows, so
-    W processes with batch B see exactly the rows one process with batch B * W would, and their
-    averaged loss and gradient equal that one process's (up to summation order).
-    """
-
-    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist):
-        from scratchlm.data import BatchStream
-
-        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
-        self.rank, self.world_size = d.rank, d.world_size
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.stream.next_batch()  # (B * W, T) each
-        return x[self.rank :: self.world_size], y[self.rank :: self.world_size]  # (B, T) each
-
-    def state_dict(self) -> dict:
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.stream.load_state_dict(state)
-
-
-class _Reporter:
-    """Log lines or a tqdm bar on the main process; every record also goes to metrics.jsonl."""
-
-    def __init__(self, cfg: TrainConfig, run_dir: Path, is_main: bool, start_step: int):
-        self.is_main = is_main
-        self.metrics_path = run_dir / "metrics.jsonl"
-        mode = cfg.progress
-        if mode == "auto":
-            mode = "bar" if sys.stderr.isatty() else "lines"
-        self.mode = mode if is_main else "quiet"
-        self.bar = None
-        if self.mode == "bar":
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=cfg.max_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
-
-    def record(self, event: str, **values: Any) -> None:
-        if not self.is_main:
-            return
-        line = json.dumps({"event": event, **values, "time": time.time()})
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
-
-    def say(self, text: str) -> None:
-        if self.mode == "quiet":
-            return
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
-
-    def progress(self, step: int, loss: float, lr: float, tok_s: float) -> None:
-        if self.bar is not None:
-            self.bar.n = step
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
-            self.bar.refresh()
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
-
-
-# --------------------------------------------------------------------------------------------
-# Evaluation and samples
-# --------------------------------------------------------------------------------------------
-
-
-@torch.no_grad()
-def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
-    """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
-    drawn from a stream of its own so the training stream and RNGs are untouched."""
-    stream = _RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
-    with eval_mode(model):
-        total = torch.zeros((), device=device)
-        for _ in range(cfg.eval_iters):
-            x, y = stream.next_batch()
-            with _autocast(device, cfg.dtype):
-                _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
-            total += loss.float()
-    return float(all_mean(total / cfg.eval_iters, d))
-
-
-@torch.no_grad()
-def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
-    """Validation loss over the whole split: consecutive windows of block_size + 1 tokens, each
-    token after a window's first predicted once; windows shared out over the processes."""
-    T, B = block_size, cfg.batch_size
-    n_windows = (len(val_tokens) - 1) // T
-    mine = np.arange(d.rank, n_windows, d.world_size)
-    with eval_mode(model):
-        total = torch.zeros((), device=device, dtype=torch.float64)
-        count = torch.zeros((), device=device, dtype=torch.float64)
-        per_rank = -(-n_windows // d.world_size)  # the most windows any process gets
-        # every process runs the same number of forwards (FSDP gathers weights collectively in each);
-        # one that has run out of windows repeats window 0 and leaves it out of the sums
-        for i in range(0, per_rank, B):
-            starts = mine[i : i + B] * T
-            weight = 1.0 if len(starts) else 0.0
-            if not len(starts):
-                starts = np.zeros(1, dtype=np.int64)
-            rows = np.asarray(val_tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64)  # (b, T+1)
-            x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
-            y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
-            with _autocast(device, cfg.dtype):
-                _, loss = model(x, y, return_logits=not cfg.fused_loss)
-            total += weight * loss.double() * y.numel()
-            count += weight * y.numel()
-    if d.enabled:
-        import torch.distributed as dist
-
-        both = torch.stack([total, count])
-        dist.all_reduce(both)
-        total, count = both[0], both[1]
-    return float(total / count)
-
-
-def _sample_text(model: GPT, tokenizer, n: int, seed: int) -> str:
-    """A short continuation of BOS with scratchlm.generate's sampler (its own seeded generator)."""
-    from scratchlm.generate import generate
-
-    with eval_mode(model):
-        return generate(model, tokenizer, "", max_new_tokens=n, temperature=0.8, top_k=40, seed=seed).text
 
 
 # --------------------------------------------------------------------------------------------
@@ -503,7 +359,7 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
     forward = torch.compile(model) if cfg.compile else model
     optimizer = make_optimizer(model, cfg, device)
     scaler = torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16")
-    stream = _RankBatches(train_tokens, cfg.batch_size, block_size, cfg.seed, d)
+    stream = RankBatches(train_tokens, cfg.batch_size, block_size, cfg.seed, d)
 
     step, tokens_seen, bad_in_row, bad_total, elapsed_before = 0, 0, 0, 0, 0.0
     last_good_ckpt = resume_ckpt
@@ -526,7 +382,7 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
     if d.is_main and resume_ckpt is None:
         run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
         ckpt_io.save_tokenizer(tokenizer, run_dir)
-    reporter = _Reporter(cfg, run_dir, d.is_main, step)
+    reporter = Reporter(cfg, run_dir, d.is_main, step)
     tokens_per_step = cfg.batch_size * block_size * cfg.grad_accum * d.world_size
     peak = device_peak_flops(device, cfg.dtype) if d.is_main else None
     flops_token = flops_per_token(model_config).training  # the count `scratchlm inspect` prints
@@ -581,7 +437,7 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
         if cfg.sample_tokens == 0 or (cfg.fsdp and d.enabled) or not d.is_main:
             return None
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            text = _sample_text(raw_model, tokenizer, cfg.sample_tokens, cfg.seed + at_step)
+            text = sample_text(raw_model, tokenizer, cfg.sample_tokens, cfg.seed + at_step)
         reporter.record("sample", step=at_step, text=text)
         reporter.say(f"--- sample at step {at_step} ---\n{text}\n---")
         return text
@@ -695,7 +551,7 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
         last_micro = micro == cfg.grad_accum - 1
         sync = model.no_sync() if (d.enabled and not cfg.fsdp and not last_micro) else nullcontext()
         with sync:
-            with _autocast(device, cfg.dtype):
+            with autocast(device, cfg.dtype):
                 _, loss = forward(x, y, return_logits=not cfg.fused_loss)
             scaler.scale(loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float()
