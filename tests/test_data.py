@@ -286,7 +286,7 @@ def test_prepare_replaces_an_existing_output(tmp_path):
 
 
 def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
-    import scratchlm.data as data_module
+    import scratchlm.data.preparation as data_module
 
     _write(tmp_path / "t.txt", "old text\n" * 20)
     cfg = DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char")
@@ -340,7 +340,7 @@ def test_ensure_prepared_reuses_and_notices_changes(tmp_path, monkeypatch):
     assert is_prepared(first)
     stamp = (first / "meta.json").stat().st_mtime_ns
 
-    import scratchlm.data as data_module
+    import scratchlm.data.preparation as data_module
 
     def no_prepare(*args, **kwargs):
         raise AssertionError("should have reused the cache")
