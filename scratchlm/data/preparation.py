@@ -335,11 +335,10 @@ def _split_ranges(cfg: DataConfig, doc_lengths: list[int]):
     return train, val, n_docs - n_val, n_val
 
 
-def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
-    """Everything prepare writes, into the empty folder `staging`; returns the meta dict."""
-    t_start = time.perf_counter()
-    sources = _resolve_sources(cfg)
-    total_input = sum(s.path.stat().st_size for s in sources)
+def _document_reader(cfg: DataConfig, sources: list[_Source], total_input: int):
+    """Stage 1: a function that yields (source, document) for every non-empty document, each time
+    it is called; the text is parsed once and kept when it fits in memory (training the
+    tokenizer and encoding both read it)."""
 
     def documents() -> Iterator[tuple[_Source, str]]:
         for source in sources:
@@ -348,27 +347,26 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
                     yield source, doc
 
     if total_input <= IN_MEMORY_BYTES and cfg.tokenizer_file is None and cfg.tokenizer != "gpt2":
-        # Training and encoding both read the text: parse it once when it fits in memory.
         cached = list(documents())
-        documents = lambda: iter(cached)  # noqa: E731
-    if next(documents(), None) is None:
-        raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
-    tok = _build_tokenizer(cfg, (doc for _, doc in documents()))
-    t_tokenizer = time.perf_counter()
+        return lambda: iter(cached)
+    return documents
 
+
+def _encode_all(tok, documents, total_input: int, all_path: Path, progress: bool | None) -> tuple[list[int], int]:
+    """Stage 3: every document as BOS + its ids, one after another in `all_path`, encoded in
+    parallel batches of pieces. Returns the tokens per document (BOS included) and the input's
+    UTF-8 bytes."""
     dtype = shard_dtype(tok.vocab_size)
     bos = np.array([tok.bos_id], dtype=dtype)
-    doc_lengths: list[int] = []  # tokens per document, BOS included
+    doc_lengths: list[int] = []
     input_bytes = 0
-    all_path = staging / "all.tokens"
 
     def flush(batch: list[list[str]], out) -> None:
         """Encode the pieces of several documents in one parallel call, then write each document."""
         flat = [p for pieces in batch for p in pieces]
         encoded = iter(_encode_pieces(tok, flat, dtype))
         for pieces in batch:
-            parts = [bos] + [next(encoded) for _ in pieces]
-            doc = np.concatenate(parts)
+            doc = np.concatenate([bos] + [next(encoded) for _ in pieces])
             doc.tofile(out)
             doc_lengths.append(len(doc))
 
@@ -388,8 +386,13 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
                 batch, batch_chars = [], 0
         flush(batch, out)
         bar.update(bar.total - bar.n)
-    t_encode = time.perf_counter()
+    return doc_lengths, input_bytes
 
+
+def _split_and_write(cfg: DataConfig, tok, all_path: Path, doc_lengths: list[int], staging: Path) -> dict:
+    """Stage 4: the stream split into train.bin and val.bin (and the tokenizer saved) in
+    `staging`; returns the split's counts for meta.json."""
+    dtype = shard_dtype(tok.vocab_size)
     all_tokens = np.memmap(all_path, dtype=dtype, mode="r")
     train_ranges, val_ranges, docs_train, docs_val = _split_ranges(cfg, doc_lengths)
     n_train = sum(b - a for a, b in train_ranges)
@@ -397,37 +400,41 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
     _check_window(cfg, "train", n_train)
     if cfg.val_fraction > 0:
         _check_window(cfg, "validation", n_val)
-
     lengths = tok.token_byte_lengths()
-    train_bytes = sum(_count_bytes(all_tokens[a:b], lengths) for a, b in train_ranges)
-    val_bytes = sum(_count_bytes(all_tokens[a:b], lengths) for a, b in val_ranges)
+    counts = {
+        "train_documents": docs_train, "val_documents": docs_val, "train_tokens": n_train, "val_tokens": n_val,
+        "train_bytes": sum(_count_bytes(all_tokens[a:b], lengths) for a, b in train_ranges),
+        "val_bytes": sum(_count_bytes(all_tokens[a:b], lengths) for a, b in val_ranges),
+    }
     _copy_tokens(all_tokens, train_ranges, staging / "train.bin", dtype)
     _copy_tokens(all_tokens, val_ranges, staging / "val.bin", dtype)
     del all_tokens
     all_path.unlink()
     tok.save(staging / "tokenizer")
+    return counts
 
+
+def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
+    """Everything prepare writes, into the empty folder `staging`, in stages: read the documents,
+    train (or load) the tokenizer, encode, split and write; returns the meta dict."""
+    t_start = time.perf_counter()
+    sources = _resolve_sources(cfg)
+    total_input = sum(s.path.stat().st_size for s in sources)
+    documents = _document_reader(cfg, sources, total_input)
+    if next(documents(), None) is None:
+        raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
+    tok = _build_tokenizer(cfg, (doc for _, doc in documents()))  # stage 2
+    t_tokenizer = time.perf_counter()
+    all_path = staging / "all.tokens"
+    doc_lengths, input_bytes = _encode_all(tok, documents, total_input, all_path, progress)
+    t_encode = time.perf_counter()
+    counts = _split_and_write(cfg, tok, all_path, doc_lengths, staging)
     t_end = time.perf_counter()
     meta = {
-        "format_version": FORMAT_VERSION,
-        "tokenizer": tok.kind,
-        "vocab_size": tok.vocab_size,
-        "bos_id": tok.bos_id,
-        "eos_id": tok.eos_id,
-        "dtype": dtype.name,
-        "split": cfg.split,
-        "val_fraction": cfg.val_fraction,
-        "seed": cfg.seed,
-        "documents": len(doc_lengths),
-        "train_documents": docs_train,
-        "val_documents": docs_val,
-        "train_tokens": n_train,
-        "val_tokens": n_val,
-        "train_bytes": train_bytes,
-        "val_bytes": val_bytes,
-        "input_bytes": input_bytes,
-        "sources": _source_records(sources),
-        "config": cfg.to_dict(),
+        "format_version": FORMAT_VERSION, "tokenizer": tok.kind, "vocab_size": tok.vocab_size,
+        "bos_id": tok.bos_id, "eos_id": tok.eos_id, "dtype": shard_dtype(tok.vocab_size).name, "split": cfg.split,
+        "val_fraction": cfg.val_fraction, "seed": cfg.seed, "documents": len(doc_lengths), **counts,
+        "input_bytes": input_bytes, "sources": _source_records(sources), "config": cfg.to_dict(),
         "seconds": {
             "tokenizer": round(t_tokenizer - t_start, 3),
             "encode": round(t_encode - t_tokenizer, 3),
