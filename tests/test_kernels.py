@@ -114,10 +114,10 @@ def _environment(**env: str) -> dict[str, str]:
 
 
 def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
-    code = ("from scratchlm import kernels, generate\n"
+    code = ("from scratchlm import decoding, kernels\n"
             "import torch\n"
             "print(kernels.kernel_status())\n"
-            "print(generate._default_layout(torch.bfloat16))\n")
+            "print(decoding._default_layout(torch.bfloat16))\n")
     full_env = _environment(SCRATCHLM_CACHE=str(tmp_path / "cache"), **env)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
     assert done.returncode == 0, done.stderr
