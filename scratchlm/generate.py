@@ -185,6 +185,34 @@ def _length_normalised(logprob: float, n_tokens: int, length_penalty: float) -> 
     return logprob / (max(n_tokens, 1) ** length_penalty)
 
 
+def _one_prompt(idx: torch.Tensor) -> torch.Tensor:
+    """The prompt of a beam search as (T0,): from (T0,) or (1, T0), not empty."""
+    if idx.dim() == 2:
+        if idx.shape[0] != 1:
+            raise ValueError(f"beam search takes one prompt, got a batch of {idx.shape[0]}")
+        idx = idx[0]
+    if idx.numel() == 0:
+        raise ValueError("the prompt is empty; start it from BOS")
+    return idx
+
+
+def _live_ranks(beams: torch.Tensor, top_scores: torch.Tensor, origin: torch.Tensor, token: torch.Tensor,
+                beam_width: int, eos_id: int | None, finished: list[tuple[list[int], float]]) -> list[int]:
+    """The ranks (best first) of the candidate extensions that stay live, at most beam_width; a
+    candidate ending in eos_id leaves the search into `finished` when it ranks among the first
+    beam_width (a finished beam must have beaten the live ones)."""
+    keep: list[int] = []
+    for rank in range(len(top_scores)):
+        if eos_id is not None and int(token[rank]) == eos_id:
+            if rank < beam_width:
+                finished.append((beams[origin[rank]].tolist() + [eos_id], float(top_scores[rank])))
+            continue
+        keep.append(rank)
+        if len(keep) == beam_width:
+            break
+    return keep
+
+
 @torch.inference_mode()
 def beam_search(
     model: GPT,
@@ -210,12 +238,7 @@ def beam_search(
     check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
-    if idx.dim() == 2:
-        if idx.shape[0] != 1:
-            raise ValueError(f"beam search takes one prompt, got a batch of {idx.shape[0]}")
-        idx = idx[0]
-    if idx.numel() == 0:
-        raise ValueError("the prompt is empty; start it from BOS")
+    idx = _one_prompt(idx)
     decoder = _decoder_for(model, max_new_tokens, dtype)
     device, dtype = _model_device_dtype(decoder)
     block = model.config.block_size
@@ -243,15 +266,7 @@ def beam_search(
             k = min(candidates.numel(), beam_width * (2 if eos_id is not None else 1))
             top_scores, flat = candidates.topk(k)
             origin, token = flat // V, flat % V
-            keep = []
-            for rank in range(k):
-                if eos_id is not None and int(token[rank]) == eos_id:
-                    if rank < beam_width:  # a finished beam must have beaten the live ones
-                        finished.append((beams[origin[rank]].tolist() + [eos_id], float(top_scores[rank])))
-                    continue
-                keep.append(rank)
-                if len(keep) == beam_width:
-                    break
+            keep = _live_ranks(beams, top_scores, origin, token, beam_width, eos_id, finished)
             if not keep:
                 beams = beams[:0]
                 break
