@@ -16,7 +16,7 @@ BF16), and slow where a bfloat16 matmul is emulated: there it costs more than a 
 Muon is meant for the matrices *inside* the network. The token and position tables and lm_head
 map to and from the vocabulary rather than between hidden features, and norm gains and biases are
 vectors: these stay with AdamW, with the usual split (decay on matrices, none on vectors) of
-`scratchlm.train.make_optimizer`.
+`make_optimizer` (below).
 
 Both halves read the same learning rate: torch's `adjust_lr_fn="match_rms_adamw"` scales Muon's
 step by 0.2 * sqrt(max(rows, cols)), which makes its update's RMS about AdamW's (Moonshot's "Muon
@@ -31,6 +31,7 @@ from typing import Any, Callable
 import torch
 
 from scratchlm import cpu
+from scratchlm.train_config import TrainConfig
 
 
 def newton_schulz_dtype(device: torch.device) -> torch.dtype:
@@ -174,3 +175,35 @@ class MuonWithAdamW:
 
     def __repr__(self) -> str:
         return f"MuonWithAdamW(\n{self.muon!r},\n{self.adamw!r})"
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig,
+                   device: torch.device) -> torch.optim.AdamW | MuonWithAdamW:
+    """AdamW with decay on matrices (every parameter of 2 or more dimensions) only.
+
+    With cfg.optimizer == "muon": torch.optim.Muon on the blocks' matrices and this AdamW on the
+    rest, as one scratchlm.optim.MuonWithAdamW (same lr, schedule and weight decay for both).
+    """
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}  # a tied matrix appears once
+    muon_params: list[torch.nn.Parameter] = []
+    if cfg.optimizer == "muon":
+        muon_params = hidden_matrices(model)
+        taken = {id(p) for p in muon_params}
+        params = {n: p for n, p in params.items() if id(p) not in taken}
+    decay = [p for p in params.values() if p.dim() >= 2]
+    no_decay = [p for p in params.values() if p.dim() < 2]
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    extra: dict[str, Any] = {}
+    if cfg.fsdp:
+        extra["foreach"] = True  # sharded (DTensor) parameters: the foreach path supports them everywhere
+    elif device.type in ("cuda", "cpu"):
+        extra["fused"] = True  # one kernel for all parameters instead of one per tensor
+    adamw = torch.optim.AdamW(groups, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), **extra)
+    if cfg.optimizer != "muon":
+        return adamw
+    muon = Muon(muon_params, lr=cfg.lr, weight_decay=cfg.weight_decay, momentum=cfg.muon_momentum,
+                nesterov=True, adjust_lr_fn="match_rms_adamw", ns_dtype=newton_schulz_dtype(device))
+    return MuonWithAdamW(muon, adamw)

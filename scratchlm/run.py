@@ -1,0 +1,458 @@
+"""A training run's state and life: its folder (new or resumed), data, model and optimizer, the
+counters the loop advances, evaluation, samples and checkpoints. scratchlm.train's loop drives a
+`Run` one step at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import signal
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from scratchlm import checkpoint as ckpt_io
+from scratchlm.config import GPTConfig
+from scratchlm.cpu import auto_dtype
+from scratchlm.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects
+from scratchlm.errors import UserError, check_folder_path
+from scratchlm.evaluation import RankBatches, evaluate, evaluate_full, sample_text
+from scratchlm.flops import device_peak_flops, flops_per_token, si_units
+from scratchlm.model import GPT
+from scratchlm.optim import make_optimizer
+from scratchlm.progress import Reporter
+from scratchlm.train_config import TrainConfig
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    step: int
+    """Optimizer steps done (including skipped non-finite steps)."""
+    tokens_seen: int
+    losses: dict[int, float]
+    """Training loss (averaged over processes) of every step this call ran."""
+    val_loss: float | None
+    val_bpb: float | None
+    elapsed_s: float
+    tokens_per_s: float
+    bad_steps: int
+    stopped: bool = False
+    """True when a signal or on_step stopped the run early (a checkpoint was saved)."""
+    sample: str | None = None
+    is_main: bool = True
+    """False on the processes of a multi-process run other than rank 0 (they print nothing)."""
+
+
+class Run:
+    """One training run from its set-up to its end: the model and what drives it (optimizer,
+    gradient scaler, batch stream), the counters the loop advances, and the small pieces the
+    loop calls in turn: `count` a step, `log` it, `evaluate_sample_save` when due,
+    `stop_requested`, and `finish`."""
+
+    def __init__(self, cfg: TrainConfig, d: Dist, device: torch.device):
+        from scratchlm.data import read_shard
+        from scratchlm.tokenizer import load_tokenizer
+
+        if cfg.dtype == "auto":  # what this device multiplies natively; the run's config records the choice
+            cfg.dtype = auto_dtype(device)
+        if cfg.dtype == "float16" and device.type != "cuda":
+            raise UserError("--dtype float16 needs a CUDA device (gradient scaling); use bfloat16 on CPU")
+        self.cfg, self.d, self.device = cfg, d, device
+        self.run_dir, self.resume_ckpt = _run_folder(cfg)
+        cfg.out_dir = str(self.run_dir)
+
+        # --- data and tokenizer ---
+        if self.resume_ckpt is not None:
+            self.block_size = int(ckpt_io.read_config(self.resume_ckpt)["model"]["block_size"])
+        else:
+            self.block_size = GPTConfig.from_name(cfg.model, **cfg.model_overrides).block_size
+        self.prepared = _prepare_data(cfg, d, self.block_size)
+        self.meta = json.loads((self.prepared / "meta.json").read_text(encoding="utf-8"))
+        self.tokenizer = load_tokenizer(self.prepared / "tokenizer")
+        self.train_tokens = read_shard(self.prepared / "train.bin")
+        self.val_tokens = read_shard(self.prepared / "val.bin")
+        self.bytes_per_token = self.meta["val_bytes"] / max(1, self.meta["val_tokens"])
+
+        self._build_model()
+        self.step, self.tokens_seen, self.bad_in_row, self.bad_total, self.elapsed_before = 0, 0, 0, 0, 0.0
+        self.last_good_ckpt = self.resume_ckpt
+        if self.resume_ckpt is not None:
+            self._load_training_state()
+        if d.is_main and self.resume_ckpt is None:
+            self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
+            ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)
+        self.reporter = Reporter(cfg, self.run_dir, d.is_main, self.step)
+        self.tokens_per_step = cfg.batch_size * self.block_size * cfg.grad_accum * d.world_size
+        self.peak = device_peak_flops(device, cfg.dtype) if d.is_main else None
+        self.flops_token = flops_per_token(self.model_config).training  # the count `scratchlm inspect` prints
+        self.losses: dict[int, float] = {}
+        self.val_loss = self.bpb = None
+        self.sample: str | None = None
+        self.stopped = False
+        self.interval_losses: list[float] = []  # finite losses since the last log line, for a smoother curve
+        self._announce()
+
+    def _build_model(self) -> None:
+        """The model (new, or the checkpoint's), on its device and wrapped for several processes,
+        its compiled forward, optimizer, gradient scaler and this process's batch stream."""
+        cfg, d, device = self.cfg, self.d, self.device
+        random.seed(cfg.seed)
+        np.random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        vocab = self.tokenizer.vocab_size
+        if cfg.pad_vocab_multiple > 1:
+            vocab = -(-vocab // cfg.pad_vocab_multiple) * cfg.pad_vocab_multiple
+        if self.resume_ckpt is not None:
+            model, _, info = ckpt_io.load_model(self.resume_ckpt, device="cpu")
+            self.model_config = info["model_config"]
+            if self.model_config.vocab_size < self.tokenizer.vocab_size:
+                raise UserError(f"{self.resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
+        else:
+            self.model_config = cfg.model_config(vocab)
+            model = GPT(self.model_config)
+        if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
+            torch.manual_seed(cfg.seed + d.rank)
+        model.to(device).train()
+        model.gradient_checkpointing = cfg.activation_checkpointing
+        self.raw_model = model
+        if cfg.fsdp and d.enabled:
+            model = apply_fsdp(model, device, d)
+        elif d.enabled:
+            from torch.nn.parallel import DistributedDataParallel as DDP
+
+            model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+        self.model = model
+        self.forward = torch.compile(model) if cfg.compile else model
+        self.optimizer = make_optimizer(model, cfg, device)
+        self.scaler = torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16")
+        self.stream = RankBatches(self.train_tokens, cfg.batch_size, self.block_size, cfg.seed, d)
+
+    def _load_training_state(self) -> None:
+        optimizer_state, state = ckpt_io.load_training_state(self.resume_ckpt)
+        if self.cfg.fsdp and self.d.enabled:
+            fsdp_load_optimizer(self.model, self.optimizer, optimizer_state)
+        else:
+            self.optimizer.load_state_dict(optimizer_state["optimizer"])
+        if optimizer_state.get("scaler"):
+            self.scaler.load_state_dict(optimizer_state["scaler"])
+        self.step, self.tokens_seen = state["step"], state["tokens_seen"]
+        self.bad_in_row, self.bad_total = state["bad_in_row"], state["bad_total"]
+        self.elapsed_before = state.get("elapsed_s", 0.0)
+        per_rank = state["ranks"]
+        mine = per_rank[self.d.rank] if len(per_rank) == self.d.world_size else per_rank[0]
+        self.stream.load_state_dict(mine["data"])
+        set_rng_state(mine["rng"])
+
+    def _announce(self) -> None:
+        cfg, d, raw = self.cfg, self.d, self.raw_model
+        self.reporter.record("start" if self.resume_ckpt is None else "resume", step=self.step, config=cfg.to_dict(),
+                             model=self.model_config.to_dict(), params=raw.num_params(), data_dir=str(self.prepared),
+                             world_size=d.world_size, device=str(self.device))
+        self.reporter.say(
+            f"run {self.run_dir}: {raw.num_params():,} parameters, {self.meta['train_tokens']:,} training tokens, "
+            f"{self.tokens_per_step:,} tokens/step, {si_units(self.flops_token)}FLOP per token (training), "
+            f"device {self.device}" + (f" x{d.world_size}" if d.enabled else "")
+            + (f", resuming at step {self.step}" if self.resume_ckpt is not None else "")
+        )
+
+    def begin(self) -> None:
+        """Start the clocks: training time counts from here."""
+        self.t_start = self.t_last = time.perf_counter()
+        self.tokens_last, self.start_step = self.tokens_seen, self.step
+
+    def count(self, loss_value: float, applied: bool) -> None:
+        """One more step done: counters, the loss kept, a skipped update reported; too many
+        skipped in a row stop the run with an error that says where the last good checkpoint is."""
+        self.step += 1
+        self.tokens_seen += self.tokens_per_step
+        if applied:
+            self.bad_in_row = 0
+        else:
+            self.bad_in_row += 1
+            self.bad_total += 1
+            self.reporter.record("bad_step", step=self.step, loss=str(loss_value), in_a_row=self.bad_in_row)
+            self.reporter.say(f"step {self.step}: non-finite loss ({loss_value}), update skipped "
+                              f"({self.bad_in_row} in a row)")
+        self.losses[self.step] = loss_value
+        if math.isfinite(loss_value):
+            self.interval_losses.append(loss_value)
+        if self.bad_in_row >= self.cfg.max_bad_steps:
+            where = (f"the last good checkpoint is {self.last_good_ckpt}" if self.last_good_ckpt
+                     else "no checkpoint was saved yet")
+            raise UserError(
+                f"training stopped at step {self.step}: the loss was not finite for {self.bad_in_row} steps in a "
+                f"row; {where}. Lower --lr, use --dtype float32 or check the data"
+            )
+
+    def log(self, loss_value: float, lr: float, norm: float) -> dict:
+        """The step's record; at a log step also its mean loss, tokens/s and MFU, written and said."""
+        cfg, step = self.cfg, self.step
+        now = time.perf_counter()
+        record = {"step": step, "loss": loss_value, "lr": lr, "tokens": self.tokens_seen}
+        if step == self.start_step + 1 or step % cfg.log_interval == 0 or step == cfg.max_steps:
+            dt = now - self.t_last
+            tok_s = (self.tokens_seen - self.tokens_last) / dt if dt > 0 else 0.0
+            self.t_last, self.tokens_last = now, self.tokens_seen
+            mfu = self.flops_token * tok_s / self.d.world_size / self.peak if self.peak else None  # per device
+            mean_loss = sum(self.interval_losses) / len(self.interval_losses) if self.interval_losses else None
+            self.interval_losses.clear()
+            record.update(loss_mean=mean_loss, tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
+            self.reporter.record("train", **record)
+            eta = (cfg.max_steps - step) * self.tokens_per_step / tok_s if tok_s else 0.0
+            self.reporter.say(f"step {step}/{cfg.max_steps}: loss {loss_value:.4f}, lr {lr:.2e}, "
+                              f"{tok_s:,.0f} tokens/s" + (f", MFU {100 * mfu:.1f}%" if mfu else "")
+                              + f", ETA {eta:.0f}s")
+            self.reporter.progress(step, loss_value, lr, tok_s)
+        elif self.reporter.bar is not None:
+            self.reporter.progress(step, loss_value, lr, (self.tokens_seen - self.tokens_last) / max(now - self.t_last, 1e-9))
+        return record
+
+    def evaluate_sample_save(self) -> None:
+        """What is due at this step: validation (the whole split at the end, when small enough),
+        a sample, a checkpoint (only after a good step)."""
+        cfg, step = self.cfg, self.step
+        last = step == cfg.max_steps
+        if (cfg.eval_interval and step % cfg.eval_interval == 0) or last:
+            full = last and (len(self.val_tokens) - 1) // self.block_size <= cfg.full_eval_windows
+            self.val_loss, self.bpb = self.evaluate(step, full=full)
+            if cfg.sample_interval == 0:
+                self.sample = self.write_sample(step)
+        if cfg.sample_interval and step % cfg.sample_interval == 0:
+            self.sample = self.write_sample(step)
+        if (cfg.checkpoint_interval and step % cfg.checkpoint_interval == 0) or last:
+            if self.bad_in_row == 0:
+                self.last_good_ckpt = self.save(step)
+
+    def stop_requested(self, stop: StopRequest, on_step, record: dict) -> bool:
+        """Whether a signal (on any process) or on_step asked to stop; if so, save and say how to go on."""
+        hook_stop = bool(on_step(self.step, record)) if (on_step is not None and self.d.is_main) else False
+        if not any_rank(stop.requested or hook_stop, self.d, self.device) or self.step == self.cfg.max_steps:
+            return False
+        why = stop.signal_name or "a stop request"
+        self.last_good_ckpt = self.save(self.step)
+        self.reporter.record("stopped", step=self.step, reason=why)
+        self.reporter.say(f"stopped at step {self.step} by {why}; saved {self.last_good_ckpt}. "
+                          f"Continue with: scratchlm train --resume {self.run_dir}")
+        self.stopped = True
+        return True
+
+    def save(self, at_step: int) -> Path | None:
+        """A checkpoint of everything a resume needs (every process takes part; rank 0 writes)."""
+        cfg, d, tok = self.cfg, self.d, self.tokenizer
+        model_state, optimizer_state = full_states(self.raw_model, self.model, self.optimizer, cfg, d)
+        ranks = gather_objects({"rng": rng_state(), "data": self.stream.state_dict()}, d)
+        path = None
+        if d.is_main:
+            trainer_state = {"step": at_step, "tokens_seen": self.tokens_seen, "bad_in_row": self.bad_in_row,
+                             "bad_total": self.bad_total,
+                             "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start), "ranks": ranks}
+            config = {"model": self.model_config.to_dict(), "train": cfg.to_dict(),
+                      "data": _jsonable(asdict(_data_config(cfg))), "tokenizer": {
+                          "kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id}}
+            scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
+            path = ckpt_io.save_checkpoint(
+                self.run_dir, at_step, model_state, config,
+                optimizer_state={"optimizer": optimizer_state, "scaler": scaler},
+                trainer_state=trainer_state, keep_last=cfg.keep_last or None,
+            )
+            self.reporter.record("checkpoint", step=at_step, path=str(path))
+        if d.enabled:
+            import torch.distributed as dist
+
+            dist.barrier()
+        return path
+
+    def evaluate(self, at_step: int, full: bool = False) -> tuple[float, float]:
+        args = (self.model, self.val_tokens, self.cfg, self.block_size, self.device, self.d)
+        val_loss = evaluate_full(*args) if full else evaluate(*args)
+        bpb = val_loss / math.log(2) / self.bytes_per_token
+        ppl = math.exp(min(val_loss, 50.0))
+        self.reporter.record("eval", step=at_step, tokens=self.tokens_seen, val_loss=val_loss, val_ppl=ppl,
+                             val_bpb=bpb, full=full)
+        self.reporter.say(f"step {at_step}: val loss {val_loss:.4f}{' (whole validation split)' if full else ''}, "
+                          f"perplexity {ppl:.2f}, bits/byte {bpb:.4f}")
+        return val_loss, bpb
+
+    def write_sample(self, at_step: int) -> str | None:
+        cfg, d, device = self.cfg, self.d, self.device
+        if cfg.sample_tokens == 0 or (cfg.fsdp and d.enabled) or not d.is_main:
+            return None
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            text = sample_text(self.raw_model, self.tokenizer, cfg.sample_tokens, cfg.seed + at_step)
+        self.reporter.record("sample", step=at_step, text=text)
+        self.reporter.say(f"--- sample at step {at_step} ---\n{text}\n---")
+        return text
+
+    def finish(self) -> TrainResult:
+        """The run's result, its last record and closing line."""
+        elapsed = time.perf_counter() - self.t_start
+        done_tokens = (self.step - self.start_step) * self.tokens_per_step
+        result = TrainResult(
+            run_dir=self.run_dir, step=self.step, tokens_seen=self.tokens_seen, losses=self.losses,
+            val_loss=self.val_loss, val_bpb=self.bpb, elapsed_s=elapsed,
+            tokens_per_s=done_tokens / elapsed if elapsed > 0 else 0.0, bad_steps=self.bad_total,
+            stopped=self.stopped, sample=self.sample, is_main=self.d.is_main,
+        )
+        self.reporter.record("end", step=self.step, elapsed_s=elapsed, tokens_per_s=result.tokens_per_s,
+                             val_loss=self.val_loss, val_bpb=self.bpb, bad_steps=self.bad_total, stopped=self.stopped)
+        if not self.stopped:
+            self.reporter.say(f"done: {self.step} steps in {elapsed:.1f}s ({result.tokens_per_s:,.0f} tokens/s), "
+                              f"val loss {self.val_loss:.4f}; checkpoint in {self.run_dir}" if self.val_loss is not None
+                              else f"done: {self.step} steps; checkpoint in {self.run_dir}")
+        return result
+
+
+def _run_folder(cfg: TrainConfig) -> tuple[Path, Path | None]:
+    """The run's folder and, when resuming, the checkpoint to resume from (checked)."""
+    if not cfg.resume:
+        run_dir = Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg)
+        _check_fresh_run_dir(run_dir)  # every rank checks, so all of them stop together
+        return run_dir, None
+    run_dir = Path(cfg.resume)
+    if cfg.out_dir and Path(cfg.out_dir).resolve() != run_dir.resolve():
+        raise UserError("--resume continues the run in its own directory; drop --out_dir or make them equal")
+    resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
+    if resume_ckpt is None:
+        raise UserError(f"{run_dir}: no complete checkpoint to resume from")
+    saved = ckpt_io.read_config(resume_ckpt).get("train")
+    saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
+    if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
+        raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
+                        "optimizer (or start a new run)")
+    return run_dir, resume_ckpt
+
+
+def _data_config(cfg: TrainConfig, block_size: int | None = None):
+    from scratchlm.data import DataConfig
+
+    values: dict[str, Any] = dict(data=cfg.data, tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction,
+                                  block_size=block_size)
+    if cfg.vocab_size is not None:
+        values["vocab_size"] = cfg.vocab_size
+    if cfg.tokenizer_file is not None:
+        values["tokenizer_file"] = cfg.tokenizer_file
+    return DataConfig(**values)
+
+
+def _prepare_data(cfg: TrainConfig, d: Dist, block_size: int) -> Path:
+    """Prepare (or find) the token shards; rank 0 first so processes never race on the cache."""
+    from scratchlm.data import ensure_prepared
+
+    data_cfg = _data_config(cfg, block_size)
+    cache = Path(cfg.data_cache) if cfg.data_cache else None
+    if d.enabled:
+        import torch.distributed as dist
+
+        if d.is_main:
+            prepared = ensure_prepared(data_cfg, cache)
+        dist.barrier()
+        if not d.is_main:
+            prepared = ensure_prepared(data_cfg, cache)
+        return Path(prepared)
+    return Path(ensure_prepared(data_cfg, cache))
+
+
+def rng_state() -> dict[str, Any]:
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(_as_tuple(state["python"]))
+    np.random.set_state(_as_tuple(state["numpy"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _as_tuple(value: Any) -> Any:
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _default_run_dir(cfg: TrainConfig) -> Path:
+    return Path("runs") / f"{cfg.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _check_fresh_run_dir(run_dir: Path) -> None:
+    check_folder_path(run_dir, "--out_dir")
+    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+        if _stopped_before_first_checkpoint(run_dir):
+            raise UserError(  # --resume would only say there is nothing to resume
+                f"{run_dir} already holds files but no checkpoint (a run stopped before its first one?); "
+                "delete it to start over there, or choose another --out_dir"
+            )
+        raise UserError(
+            f"{run_dir} already holds files (a run?); pass --resume {run_dir} to continue it, "
+            "or choose another --out_dir"
+        )
+
+
+def _stopped_before_first_checkpoint(run_dir: Path) -> bool:
+    """A run folder (its metrics.jsonl is written from the first step) that holds no checkpoint."""
+    return (run_dir / "metrics.jsonl").is_file() and ckpt_io.latest_checkpoint(run_dir) is None
+
+
+def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
+    """The training config saved in a run's latest checkpoint, with some fields changed."""
+    ckpt = ckpt_io.latest_checkpoint(run_dir)
+    if ckpt is None:
+        if not Path(run_dir).exists():
+            why = "no such folder"
+        elif _stopped_before_first_checkpoint(Path(run_dir)):
+            why = ("a run stopped before its first checkpoint leaves nothing to continue: delete the folder and "
+                   "start the run again, or start it in another --out_dir")
+        else:
+            why = "not a run folder?"
+        raise UserError(f"{run_dir}: no checkpoint to resume from ({why})")
+    saved = ckpt_io.read_config(ckpt).get("train")
+    if not isinstance(saved, dict):
+        raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")
+    model_overrides = {**saved.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
+    # the saved out_dir is where the run was made; a run folder that was moved or copied resumes where it is now
+    return TrainConfig.from_dict({**saved, "out_dir": None, **overrides, "model_overrides": model_overrides,
+                                  "resume": str(run_dir)})
+
+
+class StopRequest:
+    """Turns the first SIGINT/SIGTERM into a request to stop after the current step (and save);
+    a second Ctrl-C interrupts at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self.signal_name: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopRequest":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.requested = True
+        self.signal_name = signal.Signals(signum).name
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
