@@ -23,6 +23,7 @@ only after the new one is in place.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -30,6 +31,7 @@ import re
 import shutil
 import uuid
 from pathlib import Path
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -222,21 +224,29 @@ def _swap_dir_into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def save_tokenizer(tokenizer: Any, directory: Path | str) -> Path:
-    """Save `tokenizer` to directory/tokenizer/ atomically (temp dir, then rename)."""
-    directory = Path(directory)
-    final = directory / TOKENIZER_DIR
-    tmp = _new_tmp_dir(directory, TOKENIZER_DIR)
+@contextlib.contextmanager
+def _staged_dir(final: Path) -> Iterator[Path]:
+    """A new temporary folder beside `final`: what the block writes there replaces `final` in one
+    swap (made durable first) when the block ends without an exception, and is removed otherwise."""
+    tmp = _new_tmp_dir(final.parent, final.name)
     try:
-        tokenizer.save(tmp)
-        for f in tmp.rglob("*"):
-            if f.is_file():
-                _fsync_path(f)
+        yield tmp
         _fsync_path(tmp)
         _swap_dir_into_place(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_tokenizer(tokenizer: Any, directory: Path | str) -> Path:
+    """Save `tokenizer` to directory/tokenizer/ atomically (temp dir, then rename)."""
+    directory = Path(directory)
+    final = directory / TOKENIZER_DIR
+    with _staged_dir(final) as tmp:
+        tokenizer.save(tmp)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                _fsync_path(f)
     return final
 
 
@@ -327,17 +337,11 @@ def save_model_checkpoint(
     config = {"model": model.config.to_dict(), **(extra_config or {})}
     if tokenizer is not None:
         config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
-    tmp = _new_tmp_dir(out_dir.parent, out_dir.name)
-    try:
+    with _staged_dir(out_dir) as tmp:
         _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
         _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
         if tokenizer is not None:
             save_tokenizer(tokenizer, tmp)
-        _fsync_path(tmp)
-        _swap_dir_into_place(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -181,22 +181,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     "readable": dict(_SEED, vocab_size=8192, block_size=128, n_layer=2, n_head=4, n_embd=128),
     # Every number printable by hand (S23): 3 tokens, C=2, H=2, V=5.
     "hand": dict(_SEED, vocab_size=5, block_size=3, n_layer=1, n_head=2, n_embd=2),
-    # GPT-2 small, exactly: GELU (tanh form), tied head without bias, biases everywhere else.
-    "gpt2-124m": dict(
-        vocab_size=50257,
-        block_size=1024,
-        n_layer=12,
-        n_head=12,
-        n_embd=768,
-        pos_embedding="learned",
-        norm="layernorm",
-        activation="gelu_tanh",
-        norm_position="pre",
-        tie_weights=True,
-        qkv_bias=True,
-        proj_bias=True,
-        mlp_bias=True,
-        lm_head_bias=False,
-        init="gpt2",
-    ),
+    # GPT-2 small, exactly: the seed's layout but for GELU (tanh form), a tied head without bias,
+    # Q/K/V biases and GPT-2's initialisation.
+    "gpt2-124m": dict(_SEED, vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,
+                      activation="gelu_tanh", tie_weights=True, qkv_bias=True, lm_head_bias=False, init="gpt2"),
 }
