@@ -66,7 +66,7 @@ class GPTConfig:
     """Bias on lm_head (the seed's model has one; GPT-2 does not)."""
 
     init: str = "xavier"
-    """`xavier`: the seed's scheme (S12); `gpt2`: normal(0, 0.02) with residual projections scaled
+    """`xavier`: the seed's scheme; `gpt2`: normal(0, 0.02) with residual projections scaled
     by 1/sqrt(2 * n_layer)."""
 
     def __post_init__(self) -> None:
@@ -157,7 +157,7 @@ def _check_positive_int(name: str, value: Any) -> None:
         raise ConfigError(name, f"must be positive, got {value}")
 
 
-# The seed repository's architecture (S10): learned positions, ReLU MLP, no Q/K/V bias, biases on
+# The seed repository's architecture (station 14's count): learned positions, ReLU MLP, no Q/K/V bias, biases on
 # W_O, the MLP and lm_head, untied. Its 13,356,928 parameters pin every one of these switches.
 _SEED = dict(
     pos_embedding="learned",
@@ -179,7 +179,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "seed-400m": dict(_SEED, vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
     # The seed's readable training example (chapter 02): an 8192-token BPE.
     "readable": dict(_SEED, vocab_size=8192, block_size=128, n_layer=2, n_head=4, n_embd=128),
-    # Every number printable by hand (S23): 3 tokens, C=2, H=2, V=5.
+    # Every number printable by hand (station 22): 3 tokens, C=2, H=2, V=5.
     "hand": dict(_SEED, vocab_size=5, block_size=3, n_layer=1, n_head=2, n_embd=2),
     # GPT-2 small, exactly: the seed's layout but for GELU (tanh form), a tied head without bias,
     # Q/K/V biases and GPT-2's initialisation.

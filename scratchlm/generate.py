@@ -1,6 +1,6 @@
-"""Generation: turning a trained model into text, one token at a time (S20, S21).
+"""Generation: turning a trained model into text, one token at a time (stations 18-20).
 
-The loop (S20): crop the sequence to the last `block_size` tokens, run the model, take the last
+The loop (station 19): crop the sequence to the last `block_size` tokens, run the model, take the last
 position's scores (logits), turn them into a distribution, choose a token, append it, repeat.
 
     ids (B, T) -> model -> logits (B, V) at the last position
@@ -74,7 +74,7 @@ def iter_tokens(
     token is chosen: `sampling=SamplingOptions(...)`, or its fields as keywords (temperature=0.8,
     top_k=40, greedy=True, ...), as for every function here.
 
-    use_cache=False is the plain loop of S20: every step runs the whole window, the last
+    use_cache=False is the plain loop of station 19: every step runs the whole window, the last
     `block_size` tokens. use_cache=True gives the same tokens:
       - the first step runs the window once and keeps every layer's keys and values (prefill);
       - each later step runs only the newest token against the cached keys and values;

@@ -2,8 +2,8 @@
 accounting, a hand-sized walkthrough of one forward pass, and attention maps.
 
 Sections, in the order `scratchlm inspect` prints them:
-  1. shape_trace       the data flow with shapes, read off forward hooks on the real modules (S1, S11)
-  2. param_table       exact parameter counts per component beside the seed's 12 N C^2 + 2 V C (S10)
+  1. shape_trace       the data flow with shapes, read off forward hooks on the real modules (stations 5-13)
+  2. param_table       exact parameter counts per component beside the seed's 12 N C^2 + 2 V C (station 14)
   3. flops_per_token   matmul FLOPs per token, forward and training
   4. memory_estimate   bytes for training: weights, gradients, AdamW state, activations
 The hand-sized walkthrough is scratchlm.walkthrough, the attention pictures
@@ -34,7 +34,7 @@ class ParamRow:
 
 
 def param_table(model: GPT) -> list[ParamRow]:
-    """Exact parameter counts per component beside the seed's estimate (S10).
+    """Exact parameter counts per component beside the seed's estimate (station 14).
 
     The estimate gives each block 12 C^2 (attention 4 C^2: W_Q, W_K, W_V, W_O; MLP 8 C^2: C x 4C
     twice) and each of the token embedding and lm_head V C; it ignores biases, norms and the

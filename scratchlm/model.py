@@ -1,6 +1,6 @@
 """The GPT: a decoder-only Transformer, top to bottom in one file.
 
-Data flow (S1), with B batch, T sequence length, C width, V vocabulary:
+Data flow (stations 5-13), with B batch, T sequence length, C width, V vocabulary:
 
     ids (B, T) -> wte(ids) + positions  (B, T, C)
                -> N x Block             (B, T, C)   shape never changes inside the stack
@@ -29,7 +29,7 @@ from scratchlm.fused_loss import linear_cross_entropy
 
 
 def sinusoidal_table(n_pos: int, dim: int) -> torch.Tensor:
-    """Fixed positions (S13): PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same).
+    """Fixed positions (station 6): PE[pos, 2i] = sin(pos / 10000^(2i/dim)), PE[pos, 2i+1] = cos(same).
 
     Returns (n_pos, dim) float64. An odd `dim` keeps the sine of its last pair only.
     """
@@ -95,7 +95,7 @@ class KVCache:
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where each position sees itself and the past only (S5)."""
+    """Multi-head self-attention where each position sees itself and the past only (stations 8-10)."""
 
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
@@ -160,7 +160,7 @@ class CausalSelfAttention(nn.Module):
 
 
 class MLP(nn.Module):
-    """Position-wise feed-forward (S6): C -> hidden -> activation -> C."""
+    """Position-wise feed-forward (station 11): C -> hidden -> activation -> C."""
 
     def __init__(self, config: GPTConfig):
         super().__init__()
@@ -188,7 +188,7 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """One Transformer block (S3). Pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
+    """One Transformer block (station 12). Pre-norm: x + attn(ln_1(x)), then x + mlp(ln_2(x))."""
 
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
@@ -263,7 +263,7 @@ class GPT(nn.Module):
     def init_weights(self) -> None:
         """Initialise every tensor; the one place that decides the scheme.
 
-        `xavier` (S12, the seed): Linear weights xavier-uniform, biases 0; embeddings (token and
+        `xavier` (the seed's): Linear weights xavier-uniform, biases 0; embeddings (token and
         learned position) normal(0, 0.02); norm gamma 1 and beta 0.
         `gpt2`: Linear weights normal(0, 0.02), biases 0, embeddings normal(0, 0.02), and the two
         projections that write into the residual stream (attn.c_proj, mlp.c_proj) normal with std

@@ -1,4 +1,4 @@
-"""Tokenizers: text -> token ids -> text, behind one small interface (S14).
+"""Tokenizers: text -> token ids -> text, behind one small interface (station 1).
 
 Three kinds, each a class with the same attributes and methods:
 

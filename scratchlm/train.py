@@ -1,6 +1,6 @@
 """Training: `train(cfg)` runs the loop from raw text to a saved, evaluated model.
 
-One step (S17, S18):
+One step (station 16):
 
     for each of grad_accum micro-batches:  x, y (B, T) -> model -> loss / grad_accum -> backward
     clip the gradient norm to grad_clip, set the learning rate from the schedule, AdamW step,
@@ -9,7 +9,7 @@ One step (S17, S18):
 around it: warmup then cosine (or linear) decay, mixed precision (bf16 autocast on CPU/CUDA, fp16
 with a gradient scaler on CUDA), optional torch.compile and activation checkpointing, evaluation
 (validation loss, perplexity, bits per byte, a short sample), model FLOPs utilisation, atomic
-checkpoints with exact resume, skipping of non-finite steps (S19), and multi-process training with
+checkpoints with exact resume, skipping of non-finite steps, and multi-process training with
 DistributedDataParallel or FSDP2 when launched by torchrun. The same function runs under plain
 `python` and under `torchrun`; it reads its settings from `TrainConfig`, never from sys.argv.
 """
@@ -109,7 +109,7 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
     """One optimizer step over grad_accum micro-batches.
 
     Returns (loss averaged over micro-batches and processes, gradient norm before clipping,
-    whether the update was applied). A non-finite loss or gradient norm skips the update (S19):
+    whether the update was applied). A non-finite loss or gradient norm skips the update:
     one bad batch must not poison the weights.
     """
     loss_sum = torch.zeros((), device=device)

@@ -54,7 +54,7 @@ class TrainConfig:
     max_steps: int = 2000
     """Optimizer steps to run."""
     lr: float = 3e-4
-    """Peak learning rate (S17's default 3e-4)."""
+    """Peak learning rate (the seed's default is 3e-4)."""
     min_lr: float = 3e-5
     """Learning rate at the end of the decay."""
     warmup_steps: int = 100

@@ -52,7 +52,7 @@ def _lively_model(pos: str) -> GPT:
 
 @torch.no_grad()
 def _plain_loop(model: GPT, idx: torch.Tensor, steps: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """S20 written out independently: crop to block_size, full forward, last position, argmax."""
+    """station 19 written out independently: crop to block_size, full forward, last position, argmax."""
     block = model.config.block_size
     logits_seen = []
     for _ in range(steps):
@@ -94,7 +94,7 @@ def test_cached_sampling_draws_what_the_plain_loop_draws(pos):
     block = model.config.block_size
     ref, gen = idx, torch.Generator().manual_seed(7)
     with torch.no_grad():
-        for _ in range(100):  # S20 with a draw by the inverse CDF, written out here in NumPy
+        for _ in range(100):  # station 19 with a draw by the inverse CDF, written out here in NumPy
             probs = torch.softmax(model(ref[:, -block:])[0][:, -1, :].double(), dim=-1).numpy()
             u = torch.rand((len(probs), 1), generator=gen, dtype=torch.float64).numpy()
             picks = [int(np.flatnonzero(np.cumsum(row) > x * row.sum())[0]) for row, x in zip(probs, u[:, 0])]

@@ -76,7 +76,7 @@ def random_ours(cfg: GPTConfig, seed: int = 0) -> GPT:
 
 @torch.no_grad()
 def our_greedy(model: GPT, prompt: torch.Tensor, n: int) -> torch.Tensor:
-    """The plain S20 loop with a full forward per token: no cache, nothing shared with HF."""
+    """The plain station 19 loop with a full forward per token: no cache, nothing shared with HF."""
     ids = prompt
     for _ in range(n):
         logits, _ = model(ids[:, -model.config.block_size :])

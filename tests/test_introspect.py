@@ -46,7 +46,7 @@ def test_inspect_smoke_text_and_json_agree(capsys):
     assert main(["inspect", "--preset", "smoke"]) == 0
     text = capsys.readouterr().out
     assert "13,356,928" in text
-    # S11: the (2, 16) batch after embedding, after blocks + final norm, and as logits
+    # station 13: the (2, 16) batch after embedding, after blocks + final norm, and as logits
     assert "embedding sum (tokens + positions)       (2, 16, 128)" in text
     assert "final norm ln_f                          (2, 16, 128)" in text
     assert "logits lm_head                           (2, 16, 50304)" in text
@@ -225,7 +225,7 @@ def test_memory_totals_add_up_and_scale():
     assert bf16.weight_copies == 2 * (2 * 12 * 128**2 + 50304 * 128)  # 2 bytes per block and lm_head weight
 
 
-# ------------------------------------------------------------------ the walkthrough (S23)
+# ------------------------------------------------------------------ the walkthrough (station 22)
 
 
 def test_walkthrough_torch_and_numpy_agree():

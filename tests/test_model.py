@@ -1,7 +1,7 @@
 """The torch model against hand calculations: parameter counts, shapes, causality, masks, cache, init.
 
 Every expected value here comes from somewhere other than the model: a formula written from the
-S10 description, a log-softmax done by hand, a sequence run on its own, a full forward compared
+station 14 description, a log-softmax done by hand, a sequence run on its own, a full forward compared
 with a cached one, or the statistics an initialisation scheme promises.
 """
 
@@ -37,7 +37,7 @@ def make_model(cfg: GPTConfig, seed: int = 0) -> GPT:
 
 
 def expected_param_count(cfg: GPTConfig) -> int:
-    """Parameters from the architecture's description (S10), tensor by tensor."""
+    """Parameters from the architecture's description (station 14), tensor by tensor."""
     C, V, N = cfg.n_embd, cfg.vocab_size, cfg.n_layer
     hidden = cfg.n_inner if cfg.n_inner is not None else 4 * C
     proj_in = hidden // 2 if cfg.activation == "swiglu" else hidden
@@ -106,7 +106,7 @@ def test_param_count_matches_formula_for_variants(overrides):
     assert model.num_params() == expected_param_count(cfg)
 
 
-# ---------------------------------------------------------------- shapes (S11)
+# ---------------------------------------------------------------- shapes (station 13)
 
 
 def test_smoke_shape_trace_via_introspect():
@@ -304,7 +304,7 @@ def test_kv_cache_decoding_matches_full_forward(pos):
         assert cache.length == 20
 
 
-# ---------------------------------------------------------------- initialisation (S12)
+# ---------------------------------------------------------------- initialisation (the seed's xavier, GPT-2's)
 
 
 def linears(model: GPT):
@@ -369,7 +369,7 @@ def test_tied_weights_share_storage(init):
     assert model.lm_head.weight[3, 5].item() == 7.0
 
 
-# ---------------------------------------------------------------- overfitting one sentence (S19)
+# ---------------------------------------------------------------- overfitting one sentence (station 17)
 
 
 def test_tiny_model_memorises_one_sentence():

@@ -106,7 +106,7 @@ def test_an_existing_run_is_never_overwritten(tmp_path):
 
 
 def test_overfits_one_sentence(tmp_path):
-    """S19: memorise one sentence through the real train path; greedy decoding must then recite it."""
+    """Station 17: memorise one sentence through the real train path; greedy decoding must then recite it."""
     sentence = "the quick brown fox jumps over the lazy dog."
     data = tmp_path / "one.txt"
     data.write_text((sentence + "\n") * 40, encoding="utf-8")

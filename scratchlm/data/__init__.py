@@ -1,4 +1,4 @@
-"""Text to batches (S15, S16): `preparation` reads documents, tokenizes them and writes token
+"""Text to batches (stations 2-4): `preparation` reads documents, tokenizes them and writes token
 shards; `shards` reads those shards and cuts (B, T) batches out of them. The names most callers
 need are here."""
 

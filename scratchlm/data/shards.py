@@ -181,7 +181,7 @@ class BatchStream:
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int):
-    """Separate sequences -> (x, y, attention_mask), each (B, T) with T = longest length - 1 (S16).
+    """Separate sequences -> (x, y, attention_mask), each (B, T) with T = longest length - 1 (station 4).
 
     Right padding: x holds pad_id, y holds -100 (ignored by the loss) and attention_mask 0 at
     padded positions; real positions have attention_mask 1 and y = the next token."""

@@ -1,4 +1,4 @@
-"""A NumPy-only twin of the torch GPT, for reading and for checking it (S22).
+"""A NumPy-only twin of the torch GPT, for reading and for checking it (the NumPy twin column of docs/stations.md).
 
 Nothing under this package imports torch. Note that `import scratchlm.reference` first runs
 `scratchlm/__init__.py`, which does import torch; load `numpy_gpt.py` on its own to avoid that.
