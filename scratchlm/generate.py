@@ -43,15 +43,15 @@ from scratchlm.sampling import SamplingOptions, check_max_new_tokens, choose_nex
 
 GREEDY_CHUNK = 8
 """The most greedy steps per call of the compiled step. Each call streams the whole model through
-the caches, so whatever Python runs between two calls finds its data evicted and runs about 20x
-slower than usual: about 0.2 ms a token at GPT-2 size (4% of a step), paid once per chunk instead.
+the caches, so whatever Python runs between two calls finds its data evicted and runs many times
+slower than usual (benchmarks/measurements.md): paid once per chunk instead of once per token.
 A consumer that stops early (an end token, a stop string) leaves at most GREEDY_CHUNK - 1 steps
 computed and unused."""
 
 GREEDY_LATENCY = 0.05
 """Seconds of steps one chunk may hold back from a streaming reader: a model whose step takes
 longer than GREEDY_LATENCY / GREEDY_CHUNK gets shorter chunks (one step each past 50 ms a step,
-where 0.2 ms is nothing anyway), so its tokens still arrive one by one."""
+where the Python between calls is nothing anyway), so its tokens still arrive one by one."""
 
 
 

@@ -64,8 +64,9 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
         return logits
     probs = F.softmax(logits.float(), dim=-1)
     # Only the k most probable tokens need sorting, for any k whose tokens hold at least p in
-    # every row: all the others have at least that much mass ranked above them. Sorting all of
-    # GPT-2's 50,257 takes about 3.6 ms (most of a decoding step); the 256 likeliest, 0.1 ms.
+    # every row: all the others have at least that much mass ranked above them. Sorting a whole
+    # GPT-2 vocabulary costs most of a decoding step; a few hundred scores almost nothing
+    # (benchmarks/measurements.md).
     def holds(floor: float) -> bool:  # the tokens at or above `floor` hold p in every row
         return bool((torch.where(probs >= floor, probs, 0.0).sum(dim=-1) >= p + 1e-5).all())  # margin: rounding
 
@@ -100,8 +101,8 @@ def min_p_filter(logits: torch.Tensor, min_p: float) -> torch.Tensor:
 def greedy_ids(logits: torch.Tensor) -> torch.Tensor:
     """The most likely id of each row: logits (B, V) -> ids (B,), the first of equal maxima.
 
-    On a CPU through NumPy: torch.argmax takes about 44 us for one row of GPT-2's 50,257 scores
-    (no faster with two threads), NumPy's about 5, and a decoding step at 2 threads lasts ~5 ms."""
+    On a CPU through NumPy, whose argmax over a GPT-2 row is several times faster than torch's,
+    which would otherwise be a visible share of a decoding step (benchmarks/measurements.md)."""
     if logits.device.type == "cpu" and logits.dtype in (torch.float32, torch.float64) and not logits.requires_grad:
         return torch.from_numpy(np.ascontiguousarray(logits.numpy()).argmax(axis=-1).astype(np.int64))
     return logits.argmax(dim=-1)
@@ -114,8 +115,8 @@ def sample(logits: torch.Tensor, generator: torch.Generator | None = None) -> to
     draw u uniformly there, and take the token whose stretch holds u (the first whose running
     total exceeds it). A token of probability q owns a stretch of length q, so it is drawn with
     probability q; a filtered-out token (probability 0) owns none. The running sums are float64,
-    so 50k of them lose nothing visible. One uniform per row: about 0.1 ms for GPT-2's 50,257
-    scores, where torch.multinomial takes about 1 ms, a fifth of a decoding step at 2 threads."""
+    so 50k of them lose nothing visible. One uniform per row: a small fraction of what
+    torch.multinomial costs, which was a fifth of a decoding step (benchmarks/measurements.md)."""
     probs = F.softmax(logits if logits.dtype == torch.float64 else logits.float(), dim=-1)
     running = torch.cumsum(probs, dim=-1, dtype=torch.float64)  # (B, V)
     total = running[:, -1:]  # (B, 1), 1 up to rounding

@@ -4,14 +4,13 @@ decoding step of a pre-norm GPT in one call (decode_step.c), the last two built 
 products (bf16_dot.h).
 
 Batch-1 decoding multiplies one row by every weight matrix, so a step costs the time to read the
-weights from memory. bfloat16 weights halve that, but the library paths read them slowly out of
-cache: oneDNN's packed bfloat16 matmul reaches about 12 GB/s on one core of the benchmark machine,
-where a plain streaming read reaches about 27 (see benchmarks/bench_decode.py). `gemv_bf16.c` reads
-each weight row once, in order, and reaches about 20. What is left of a step is small operations:
-attention, norms, activations, residual adds and the calls between them. `attend_one.c` does a
-layer's attention in one call (scratchlm.decoding.DecodingAttention, about 1 ms less per
-GPT-2-small token), and `decode_step.c` the whole step (scratchlm.kernels.decode_step, about
-1.5 ms less again), so that a step is little more than the reading of its weights.
+weights from memory. bfloat16 weights halve that, but the library paths read them well below
+the memory's streaming rate for a single row. `gemv_bf16.c` reads each weight row once, in order.
+What is left of a step is small operations: attention, norms, activations, residual adds and the
+calls between them. `attend_one.c` does a layer's attention in one call
+(scratchlm.decoding.DecodingAttention), and `decode_step.c` the whole step
+(scratchlm.kernels.decode_step), so that a step is little more than the reading of its weights.
+How much each saved: benchmarks/measurements.md; the rates today: benchmarks/bench_decode.py.
 
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
 or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,

@@ -72,8 +72,7 @@ static inline __attribute__((always_inline)) void dot_rows(const uint16_t *w_row
     for (; c < k / 32; c++) {
         /* With 6 or more rows the products take about as long as the reads, and the hardware
          * prefetcher alone no longer keeps them apart: asking for the weights 2 KB ahead lets the
-         * two overlap (8 rows: about 0.65x the time over a GPT-2's weights). At 4 rows it costs
-         * 5-15% instead. */
+         * two overlap. With fewer rows it costs time instead (benchmarks/measurements.md). */
         if (m >= 6) _mm_prefetch((const char *)(w_row + c * 32) + 2048, _MM_HINT_T0);
         __m512bh wv = (__m512bh)_mm512_loadu_si512((const void *)(w_row + c * 32));
         for (int r = 0; r < m; r++) acc[r] = _mm512_dpbf16_ps(acc[r], wv, xb[r * n_chunks + c]);
@@ -261,7 +260,7 @@ static inline __attribute__((always_inline)) void dot_rows_f32(const float *w_ro
         for (int l = 0; l < 16; l++) acc[r][l] = 0.0f;
     int64_t i = 0;
     for (; i + 16 <= k; i += 16) {
-        /* as in dot_rows: from 2 rows on, the weights asked for 2 KB ahead (12-24% less time) */
+        /* as in dot_rows, but from 2 rows on: float32 rows are twice the bytes per product */
         if (m >= 2) __builtin_prefetch((const char *)(w_row + i) + 2048);
         for (int r = 0; r < m; r++)
             for (int l = 0; l < 16; l++) acc[r][l] += w_row[i + l] * x[r * k + i + l];

@@ -2,10 +2,10 @@
  * few: B * T <= MAX_ROWS, for a short prompt), from token ids to next-token logits, with every
  * layer's new keys and values written into the KV cache.
  *
- * Why: with bfloat16 weights read by gemv_bf16.c, a GPT-2-small step reads 250 MB of weights in
- * about 8 ms (float32 weights: 500 MB), but the same step through torch modules also spends about
- * 1.5 ms on everything else: layer norms, activations, residual adds, module calls and 50
- * separate parallel regions, each a few microseconds. Here the whole step is one parallel region: the threads share out the
+ * Why: with bfloat16 weights read by gemv_bf16.c, a GPT-2-small step is mostly the reading of its
+ * 250 MB of weights, but through torch modules it also spends a sizeable share on everything else:
+ * layer norms, activations, residual adds, module calls and 50 separate parallel regions, each a
+ * few microseconds (figures: benchmarks/measurements.md). Here the whole step is one parallel region: the threads share out the
  * rows of each weight matrix, and wait for each other only where the next stage needs a result
  * that all of them wrote (6 barriers per layer).
  *
@@ -271,8 +271,8 @@ static int64_t argmax_scores(const float *v, int64_t n)
  * written) also when pos + steps > t_max.
  *
  * Why not one step per call from Python: a step streams the whole model through the caches, so
- * whatever Python runs between two steps finds its own data evicted and runs about 20x slower
- * than usual (about 0.2 ms per token at GPT-2 size, 4% of a step). */
+ * whatever Python runs between two steps finds its own data evicted and runs many times slower
+ * than usual (benchmarks/measurements.md). */
 int scratchlm_decode_greedy(const StepModel *md, const int64_t *ids, int64_t B, int64_t steps, int64_t pos,
                             float *k_cache, float *v_cache, float *logits, int64_t *out, int n_threads)
 {

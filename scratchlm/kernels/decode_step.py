@@ -70,10 +70,9 @@ class FusedDecodeStep:
     One call takes B * T <= `max_rows` (8) rows: one new token per sequence, or a few positions.
     A prompt of up to `max_prompt` (16) rows goes in pieces of at most 8 (each sequence's
     positions in order), the pieces before the last skipping the head. More than that goes
-    through the model's batched matmuls, which win on long prompts: 8 rows cost the C loops 1.5-2x
-    what one row costs (eight products per weight read). Measured on bfloat16 gpt2-124m, in pieces
-    against the modules: 16 positions 21 against 28 ms at two threads, 35 against 39 ms at one;
-    32 positions 43 against 43 ms at two threads, 72 against 55 ms at one."""
+    through the model's batched matmuls, which win on long prompts: 8 rows cost the C loops more
+    than one row (eight products per weight read), and past 16 positions the pieces stopped
+    winning (benchmarks/measurements.md)."""
 
     def __init__(self, model: nn.Module, kernels):
         cfg = model.config
