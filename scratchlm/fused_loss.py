@@ -79,7 +79,8 @@ class LinearCrossEntropy(torch.autograd.Function):
                     g = logp[:n].exp_()  # softmax, in place
                     g.scatter_add_(1, y, g.new_full((n, 1), -1.0))  # minus the one-hot target
                     if g.dtype != compute_dtype:
-                        # the scores' own buffer is free again (exp(out=) into bf16 was slower: benchmarks/measurements.md)
+                        # the scores' own buffer is free again (exp(out=) into bf16 was slower:
+                        # benchmarks/measurements.md)
                         g = z[:n].copy_(g)
                     # the 1/n weights (and zeros of ignored rows) go on the small (n, C) operands
                     dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype)  # (n, C)
