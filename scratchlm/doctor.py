@@ -65,6 +65,7 @@ def facts(measure: bool = True) -> dict[str, Any]:
     timed probes (about 3 s)."""
     from scratchlm import kernels
     from scratchlm.decoding import _mkldnn_packing_available, auto_decoding_dtype
+    from scratchlm.optim import newton_schulz_dtype
 
     native, why = cpu.bf16_reason()
     flags = cpu.cpu_flags()
@@ -74,7 +75,7 @@ def facts(measure: bool = True) -> dict[str, Any]:
         "flags": [f for f in _FLAGS if f in flags],
         "bf16_native": native, "bf16_why": why,
         "dtype_auto_train": cpu.auto_dtype("cpu"), "dtype_auto_decode": str(auto_decoding_dtype(torch.device("cpu"))).replace("torch.", ""),
-        "muon_newton_schulz": "bfloat16" if native else "float32",
+        "muon_newton_schulz": str(newton_schulz_dtype(torch.device("cpu"))).replace("torch.", ""),
         "kernel_variant": kernels.selected_variant(), "kernel_status": kernels.kernel_status(),
         "kernel_loop": loaded.loop if loaded else None, "kernel_flags": loaded.flags if loaded else None,
         "kernel_variants_runnable": kernels.runnable_variants(),

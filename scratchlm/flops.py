@@ -117,8 +117,7 @@ def device_peak_flops(device: torch.device, dtype: str) -> float | None:
     # A measured peak, not a datasheet one: MFU on CPU says how close the run comes to this
     # machine's own best large matmul. Other processes slow the probe down, so every run probes
     # again (under half a second) and the cache keeps the best figure ever seen.
-    with torch.random.fork_rng(devices=[]):
-        measured = matmul_flops(getattr(torch, probe_dtype), bursts=12)
+    measured = matmul_flops(getattr(torch, probe_dtype), bursts=12)  # leaves torch's random state as it was
     if measured > table.get(key, 0.0):
         table[key] = measured
         try:

@@ -42,7 +42,7 @@ from pathlib import Path
 import torch
 
 from scratchlm import cpu
-from scratchlm.fileio import cache_home
+from scratchlm.fileio import atomic_write, cache_home
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
@@ -104,8 +104,8 @@ def _isa_candidates(variant: str) -> list[list[str]]:
     candidates = VARIANTS[variant]
     if variant == "native" and cpu.forced_off():  # SCRATCHLM_CPU_BF16=0: build as a CPU without it would
         candidates = [[*flags, "-mno-avx512bf16"] if flags[:1] == ["-march=native"] else flags for flags in candidates]
-    if variant == "native" and not cpu.is_x86():
-        candidates = [flags for flags in candidates if flags != ["-march=native"]] + [["-march=native"]]
+    if variant == "native" and not cpu.is_x86():  # aarch64 compilers spell it -mcpu=native (some refuse -march)
+        candidates = [flags for flags in candidates if flags != ["-march=native"]]
     return candidates
 
 
@@ -132,9 +132,8 @@ def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
             done = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True,
                                   text=True, timeout=300)
             if done.returncode == 0:
-                flags_tmp = flags_file.with_name(f".{flags_file.name}.{os.getpid()}.tmp")
-                flags_tmp.write_text(" ".join(flags))
-                os.replace(flags_tmp, flags_file)
+                with atomic_write(flags_file, "w") as f:
+                    f.write(" ".join(flags))
                 os.replace(tmp, target)
                 return target, flags
             if done.stderr.strip():
