@@ -63,7 +63,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
-from scratchlm.decoding import decoding_model  # noqa: E402
+from scratchlm.decoding import Decoder  # noqa: E402
 from scratchlm.generate import generate_ids  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
 from scratchlm.model import GPT  # noqa: E402
@@ -161,7 +161,7 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
 
         def call():
             if not packed:  # built inside the warm-up run, as generate_ids builds its own copies
-                packed["model"] = decoding_model(model, torch.bfloat16, layout="packed")
+                packed["model"] = Decoder.build(model, torch.bfloat16, layout="packed")
             return generate_ids(packed["model"], prompt, max_new_tokens=NEW_TOKENS, greedy=True)
         return call
 

@@ -111,7 +111,7 @@ def bench_shape(shape: str, repeats: int, device: str) -> None:
         print(f"  {a} / {b}: {best[a] / best[b]:.2f}x (best), {median[a] / median[b]:.2f}x (median)")
     reference = outputs["hf+cache"].cpu()
     same = {name: torch.equal(out.cpu(), reference) for name, out in outputs.items()}
-    print(f"  same ids as hf+cache: " + ", ".join(f"{n}={s}" for n, s in same.items()))
+    print("  same ids as hf+cache: " + ", ".join(f"{n}={s}" for n, s in same.items()))
 
 
 def main() -> None:

@@ -4,8 +4,10 @@ On CPU a decoding step is limited by reading the weights from memory (one row me
 matrix), so the steps run on a decoding copy of the model (`decoding_model`): its matrices packed
 once in the layout the CPU reads fastest, optionally in bfloat16 (`dtype=`), half the bytes.
 Where scratchlm.kernels builds, a one-token step of a pre-norm model is one call to compiled code
-(scratchlm.kernels.decode_step) instead of a few hundred torch operations (`_last_logits`), and
-several greedy steps can go in one call (`_greedy_steps`).
+(scratchlm.kernels.decode_step) instead of a few hundred torch operations, and several greedy
+steps can go in one call. A `Decoder` holds the two together: the model a step runs (the model
+itself or its copy) and the copy's compiled step; `decoder_for` builds one per model and dtype
+and keeps it while the model's weights stay as they were.
 
 Imports run one way: scratchlm.generate -> here -> scratchlm.kernels.
 """
@@ -24,39 +26,6 @@ from scratchlm.errors import ConfigError
 from scratchlm.kernels import cpu_kernels
 from scratchlm.kernels.decode_step import FusedDecodeStep
 from scratchlm.model import GPT, CausalSelfAttention, KVCache
-
-
-def _fused_step(model: GPT) -> FusedDecodeStep | None:
-    """The compiled step built for decoding copy `model`, or None: none was built, or the copy was
-    converted after it was (.double(), .to(device)), and the stale step is forgotten."""
-    step = _FUSED_STEPS.get(model)
-    if step is not None and not step.describes(model):
-        del _FUSED_STEPS[model]
-        return None
-    return step
-
-
-def _last_logits(model: GPT, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
-    """ids (B, T) -> scores of the next token (B, V), at least float32. Only the last position
-    reaches lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V) product
-    thrown away. A decoding copy with a FusedDecodeStep sends it the calls it takes: one new token
-    per sequence, or a prompt of at most its `max_prompt` rows (16) in all."""
-    step = _fused_step(model) if kv_cache is not None else None
-    logits = step(idx, kv_cache) if step is not None else None  # None: not a call it takes
-    if logits is not None:
-        return logits
-    hidden = model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
-    logits = model.lm_head(hidden[:, -1, :])  # (B, V)
-    return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
-
-
-def _greedy_steps(model: GPT, last: torch.Tensor, steps: int, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """`steps` greedy steps of a decoding copy in one call of its FusedDecodeStep, from last (B, 1),
-    the newest token of each sequence: (ids (steps, B), logits (steps, B, V)), the same as that
-    many rounds of _last_logits and greedy_ids. None when the copy has no step, or the step
-    declines (the cache is then untouched)."""
-    step = _fused_step(model)
-    return None if step is None else step.greedy(last, steps, kv_cache)
 
 
 def _default_layout(dtype: torch.dtype) -> str:
@@ -180,12 +149,12 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     builds, each block's attention becomes a `DecodingAttention` too (one call per layer for a
     one-position step), and a pre-norm copy in the kernel layout gets a `FusedDecodeStep`: its
     one-token steps and short prompts, up to the kernel's row limit, run whole in compiled code
-    (see `_last_logits`).
+    (see `Decoder`).
     Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`:
     in float32 it computes the same numbers to rounding; in bfloat16 to bfloat16's precision
     (about 3 significant digits).
     `generate`, `iter_tokens` and `beam_search` build one and reuse it while the weights stay
-    unchanged (see `_decoder_for`).
+    unchanged (see `decoder_for`).
     """
     dtype = _as_dtype(dtype, model)
     device, own_dtype = _model_device_dtype(model)
@@ -204,18 +173,7 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
         if kernel is not None:
             for block in fast.transformer.h:
                 block.attn = DecodingAttention.from_attention(block.attn, kernel)
-    fast.eval().requires_grad_(False)
-    fast.is_decoding_copy = True
-    if device.type == "cpu":
-        step = FusedDecodeStep.build(fast, cpu_kernels())
-        if step is not None:
-            _FUSED_STEPS[fast] = step
-    return fast
-
-
-_FUSED_STEPS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""decoding copy -> its FusedDecodeStep, where the C step covers it. Kept beside the copy rather
-than on it, so a copy of the copy (whose tensors are new) does not inherit raw addresses."""
+    return fast.eval().requires_grad_(False)
 
 
 DECODE_DTYPES = (torch.float32, torch.bfloat16)
@@ -252,8 +210,64 @@ def _as_dtype(dtype: torch.dtype | str | None, model: GPT) -> torch.dtype:
     return dtype
 
 
+class Decoder:
+    """A model as the decoding loops run it: `model`, the model itself or its decoding copy, and
+    `step`, the copy's compiled one-token step (scratchlm.kernels.decode_step) where it covers the
+    copy, else None. `signature` names the weights the copy was made from (None: no copy).
+
+    `Decoder.build(model, dtype)` makes the copy and its step; `Decoder(model)` decodes with the
+    model as it is. The generation functions take a Decoder where they take a model, and then
+    use it as it is."""
+
+    def __init__(self, model: GPT, step: FusedDecodeStep | None = None, signature: tuple | None = None):
+        self.model = model
+        self._step = step
+        self.signature = signature
+
+    @classmethod
+    def build(cls, model: GPT, dtype: torch.dtype | str | None = None, layout: str | None = None) -> "Decoder":
+        """The decoding copy of `model` (see `decoding_model`) with its compiled step."""
+        fast = decoding_model(model, dtype, layout)
+        step = FusedDecodeStep.build(fast, cpu_kernels()) if _model_device_dtype(fast)[0].type == "cpu" else None
+        return cls(fast, step, _weights_signature(model))
+
+    @property
+    def step(self) -> FusedDecodeStep | None:
+        """The compiled step, or None: none was built, or the copy was converted after it was
+        (.double(), .to(device)), so its addresses are stale and the step is dropped for good."""
+        if self._step is not None and not self._step.describes(self.model):
+            self._step = None
+        return self._step
+
+    @property
+    def device_dtype(self) -> tuple[torch.device, torch.dtype]:
+        """Where the activations and the KV cache live, and in which dtype."""
+        return _model_device_dtype(self.model)
+
+    def last_logits(self, idx: torch.Tensor, kv_cache: KVCache | None = None) -> torch.Tensor:
+        """ids (B, T) -> scores of the next token (B, V), at least float32. Only the last position
+        reaches lm_head: the same numbers as model(idx)[0][:, -1], without a (T, C) x (C, V)
+        product thrown away. The compiled step gets the calls it takes: one new token per
+        sequence, or a prompt of at most its `max_prompt` rows (16) in all."""
+        step = self.step if kv_cache is not None else None
+        logits = step(idx, kv_cache) if step is not None else None  # None: not a call it takes
+        if logits is not None:
+            return logits
+        hidden = self.model.forward_hidden(idx, kv_cache=kv_cache)  # (B, T, C)
+        logits = self.model.lm_head(hidden[:, -1, :])  # (B, V)
+        return logits if logits.dtype in (torch.float32, torch.float64) else logits.float()
+
+    def greedy_steps(self, last: torch.Tensor, steps: int, kv_cache: KVCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """`steps` greedy steps in one call of the compiled step, from last (B, 1), the newest
+        token of each sequence: (ids (steps, B), logits (steps, B, V)), the same as that many
+        rounds of last_logits and greedy_ids. None when there is no step, or it declines (the
+        cache is then untouched)."""
+        step = self.step
+        return None if step is None else step.greedy(last, steps, kv_cache)
+
+
 _DECODERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-"""model -> {dtype: (weights signature, decoding copy)}: the last copy built per model and dtype."""
+"""model -> {dtype: Decoder}: the last decoding copy built per model and dtype."""
 
 
 def _weights_signature(model: GPT) -> tuple:
@@ -262,22 +276,24 @@ def _weights_signature(model: GPT) -> tuple:
     return tuple((p.data_ptr(), p._version) for p in model.parameters())
 
 
-def _decoder_for(model: GPT, steps: int, dtype: torch.dtype | str | None) -> GPT:
-    """The model each step runs: the model itself when it will do (same dtype, and not on CPU or
-    too few steps for a copy to pay for itself), else its decoding copy, built once and reused
-    while the model's weights stay as they were."""
+def decoder_for(model: "GPT | Decoder", steps: int, dtype: torch.dtype | str | None) -> Decoder:
+    """The Decoder that `steps` steps in `dtype` run: a Decoder given is used as it is; the model
+    itself when it will do (same dtype, and not on CPU or too few steps for a copy to pay for
+    itself); else its decoding copy, built once and reused while the model's weights stay as
+    they were."""
+    if isinstance(model, Decoder):
+        return model
     device, own_dtype = _model_device_dtype(model)
     dtype = _as_dtype(dtype, model)
-    if getattr(model, "is_decoding_copy", False) or (dtype == own_dtype and (steps < 8 or device.type != "cpu")):
-        return model
+    if dtype == own_dtype and (steps < 8 or device.type != "cpu"):
+        return Decoder(model)
     signature = _weights_signature(model)
     copies = _DECODERS.setdefault(model, {})
-    if dtype in copies and copies[dtype][0] == signature:
-        return copies[dtype][1]
+    if dtype in copies and copies[dtype].signature == signature:
+        return copies[dtype]
     copies.pop(dtype, None)  # free the stale copy before building the next
-    fast = decoding_model(model, dtype)
-    copies[dtype] = (signature, fast)
-    return fast
+    copies[dtype] = Decoder.build(model, dtype)
+    return copies[dtype]
 
 
 def _model_device_dtype(model: GPT) -> tuple[torch.device, torch.dtype]:

@@ -35,7 +35,7 @@ from numbers import Integral
 import torch
 import torch.nn.functional as F
 
-from scratchlm.decoding import _decoder_for, _greedy_steps, _last_logits, _model_device_dtype
+from scratchlm.decoding import Decoder, decoder_for
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model import GPT, KVCache, eval_mode
 from scratchlm.sampling import SamplingOptions, check_max_new_tokens, choose_next, make_generator
@@ -57,7 +57,7 @@ where the Python between calls is nothing anyway), so its tokens still arrive on
 
 @torch.inference_mode()
 def iter_tokens(
-    model: GPT,
+    model: GPT | Decoder,
     idx: torch.Tensor,
     *,
     max_new_tokens: int = 100,
@@ -90,79 +90,89 @@ def iter_tokens(
     check_max_new_tokens(max_new_tokens)
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
-    decoder = _decoder_for(model, max_new_tokens, dtype)
-    device, dtype = _model_device_dtype(decoder)
-    block = model.config.block_size
+    decoder = decoder_for(model, max_new_tokens, dtype)
+    device, dtype = decoder.device_dtype
     B, T0 = idx.shape
     # One buffer for the whole sequence, written in place: no concatenation per step.
     seq = torch.empty(B, T0 + max_new_tokens, dtype=torch.long, device=device)
     seq[:, :T0] = idx
     n = T0
     penalise = sampling.repetition_penalty != 1.0
-    cache = KVCache(model.config, B, device=device, dtype=dtype) if use_cache else None
-
-    # Greedy steps with the compiled step run up to GREEDY_CHUNK at a time in one call (see
-    # _greedy_steps), as many as fit in GREEDY_LATENCY by the last chunk's pace.
-    chunked = sampling.is_greedy and not penalise and cache is not None
-    per_step = None  # seconds a compiled greedy step took in the last chunk: sizes the next
-    with eval_mode(model):
-        step = 0
-        while step < max_new_tokens:
-            if chunked and step > 0 and cache.length < block:
-                size = 1 if per_step is None else max(1, min(GREEDY_CHUNK, int(GREEDY_LATENCY / max(per_step, 1e-9))))
-                size = min(size, max_new_tokens - step, block - cache.length)
-                start = time.perf_counter()
-                chunk = _greedy_steps(decoder, seq[:, n - 1 : n], size, cache)
-                per_step = (time.perf_counter() - start) / size
-                if chunk is not None:
-                    for next_ids, logits in zip(*chunk):
-                        seq[:, n] = next_ids
-                        n += 1
-                        step += 1
-                        yield next_ids, logits
-                    continue
-                chunked = False  # declined (more sequences than it takes, no compiled step): for good
-            if cache is None:
-                logits = _last_logits(decoder, seq[:, max(0, n - block) : n], None)
-            elif step == 0 or cache.length == block:
-                cache.length = 0  # start over in the same preallocated tensors
-                logits = _last_logits(decoder, seq[:, max(0, n - block) : n], cache)
-            else:
-                logits = _last_logits(decoder, seq[:, n - 1 : n], cache)
-            next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
-            seq[:, n] = next_ids
-            n += 1
-            step += 1
-            yield next_ids, logits
+    cache = KVCache(decoder.model.config, B, device=device, dtype=dtype) if use_cache else None
+    chunks = _GreedyChunks(decoder) if sampling.is_greedy and not penalise and cache is not None else None
+    with eval_mode(decoder.model):
+        while n < seq.shape[1]:
+            chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None else None
+            if chunk is None:  # one step: the scores, then the choice
+                logits = _next_logits(decoder, seq[:, :n], cache)
+                next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
+                chunk = next_ids[None], logits[None]
+            for next_ids, logits in zip(*chunk):
+                seq[:, n] = next_ids
+                n += 1
+                yield next_ids, logits
 
 
-def generate_ids(
-    model: GPT,
-    idx: torch.Tensor,
-    *,
-    max_new_tokens: int = 100,
-    sampling: SamplingOptions | None = None,
-    generator: torch.Generator | None = None,
-    seed: int | None = None,
-    use_cache: bool = True,
-    eos_id: int | None = None,
-    dtype: torch.dtype | str | None = None,
-    **options,
-) -> torch.Tensor:
+def _next_logits(decoder: Decoder, seq: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
+    """Scores of the token after seq (B, n), the sequences so far (see iter_tokens): without a
+    cache, the window (the last block_size tokens) run whole; with one, only the newest token
+    against it, except into an empty cache (the prefill) or a full one, which starts over in the
+    same tensors with the window that has just slid."""
+    block = decoder.model.config.block_size
+    if cache is not None and 0 < cache.length < block:
+        return decoder.last_logits(seq[:, -1:], cache)
+    if cache is not None:
+        cache.length = 0
+    return decoder.last_logits(seq[:, -block:], cache)
+
+
+class _GreedyChunks:
+    """Greedy steps of the compiled step, several per call (Decoder.greedy_steps): one step first,
+    to time it, then as many as fit in GREEDY_LATENCY at the last chunk's pace, at most
+    GREEDY_CHUNK, and never past the context's edge (a prefill or a sliding window goes the usual
+    way). Once the step declines (more sequences than it takes, no compiled step), it is not
+    asked again."""
+
+    def __init__(self, decoder: Decoder):
+        self.decoder = decoder
+        self.per_step: float | None = None  # seconds one step took in the last chunk
+        self.declined = False
+
+    def run(self, seq: torch.Tensor, cache: KVCache, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(ids (S, B), logits (S, B, V)) of the next S <= `most` greedy steps after seq (B, n),
+        or None: this step goes the usual way."""
+        room = self.decoder.model.config.block_size - cache.length
+        if self.declined or cache.length == 0 or room <= 0:
+            return None
+        size = 1 if self.per_step is None else int(GREEDY_LATENCY / max(self.per_step, 1e-9))
+        size = max(1, min(size, GREEDY_CHUNK, most, room))
+        start = time.perf_counter()
+        chunk = self.decoder.greedy_steps(seq[:, -1:], size, cache)
+        self.per_step = (time.perf_counter() - start) / size
+        self.declined = chunk is None
+        return chunk
+
+
+def generate_ids(model: GPT | Decoder, idx: torch.Tensor, *, max_new_tokens: int = 100,
+                 sampling: SamplingOptions | None = None, generator: torch.Generator | None = None,
+                 seed: int | None = None, use_cache: bool = True, eos_id: int | None = None,
+                 dtype: torch.dtype | str | None = None, **options) -> torch.Tensor:
     """ids (B, T0) -> (B, T0 + n) with the n <= max_new_tokens chosen tokens appended.
 
     With eos_id, a row that produced it keeps eos_id for its remaining positions, and the loop
     stops once every row has. `seed` builds a generator when none is given.
     """
     sampling = SamplingOptions.of(sampling, **options)
-    device, _ = _model_device_dtype(model)
+    check_max_new_tokens(max_new_tokens)
+    decoder = decoder_for(model, max_new_tokens, dtype)
+    device, _ = decoder.device_dtype
     if generator is None and not sampling.is_greedy:
         generator = make_generator(seed, device)
     idx = idx.to(device)
     steps = []
     done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device) if eos_id is not None else None
-    for next_ids, _ in iter_tokens(model, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                                   use_cache=use_cache, dtype=dtype):
+    for next_ids, _ in iter_tokens(decoder, idx, max_new_tokens=max_new_tokens, sampling=sampling,
+                                   generator=generator, use_cache=use_cache):
         if done is not None:
             next_ids = next_ids.masked_fill(done, eos_id)
             done |= next_ids == eos_id
@@ -215,7 +225,7 @@ def _live_ranks(beams: torch.Tensor, top_scores: torch.Tensor, origin: torch.Ten
 
 @torch.inference_mode()
 def beam_search(
-    model: GPT,
+    model: GPT | Decoder,
     idx: torch.Tensor,
     beam_width: int,
     max_new_tokens: int,
@@ -239,25 +249,17 @@ def beam_search(
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
     idx = _one_prompt(idx)
-    decoder = _decoder_for(model, max_new_tokens, dtype)
-    device, dtype = _model_device_dtype(decoder)
-    block = model.config.block_size
+    decoder = decoder_for(model, max_new_tokens, dtype)
+    device, dtype = decoder.device_dtype
     T0 = idx.numel()
 
     beams = idx.to(device).view(1, T0)  # (W_live, T) live beams; one to start with
     scores = torch.zeros(1, device=device)  # (W_live,) log-probability of each continuation
     finished: list[tuple[list[int], float]] = []
-    cache = KVCache(model.config, 1, device=device, dtype=dtype) if use_cache else None
-    with eval_mode(model):
-        for step in range(max_new_tokens):
-            n = beams.shape[1]
-            if cache is None:
-                logits = _last_logits(decoder, beams[:, max(0, n - block) :], None)
-            elif step == 0 or cache.length == block:
-                cache = KVCache(model.config, beams.shape[0], device=device, dtype=dtype)
-                logits = _last_logits(decoder, beams[:, max(0, n - block) :], cache)
-            else:
-                logits = _last_logits(decoder, beams[:, -1:], cache)
+    cache = KVCache(decoder.model.config, 1, device=device, dtype=dtype) if use_cache else None
+    with eval_mode(decoder.model):
+        for _ in range(max_new_tokens):
+            logits = _next_logits(decoder, beams, cache)
             logp = F.log_softmax(logits.float(), dim=-1)  # (W_live, V)
             V = logp.shape[-1]
             candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
@@ -411,13 +413,14 @@ def _run_rows(
 ) -> Iterator[list[_Row]]:
     """Sample `num_samples` continuations of one prompt in one batch; yield the rows after
     every step, and once more after they are all finished."""
-    device, _ = _model_device_dtype(model)
+    decoder = decoder_for(model, max_new_tokens, dtype)
+    device, _ = decoder.device_dtype
     eos_id = getattr(tokenizer, "eos_id", None)
-    rows = [_Row(tokenizer, eos_id, [s for s in (stop or []) if s]) for _ in range(num_samples)]
+    rows = [_Row(tokenizer, eos_id, _nonempty(stop)) for _ in range(num_samples)]
     idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (S, T0)
     generator = make_generator(seed, device)
-    tokens = iter_tokens(model, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                         use_cache=use_cache, dtype=dtype)
+    tokens = iter_tokens(decoder, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
+                         use_cache=use_cache)
     try:
         for next_ids, _ in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -440,6 +443,10 @@ def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int) -
         raise ConfigError("beams", f"must be a whole number >= 1, got {beams!r}")
     if beams > 1 and num_samples > beams:
         raise ConfigError("num_samples", f"beam search returns at most --beams={beams} sequences, asked for {num_samples}")
+
+
+def _nonempty(stop: Sequence[str] | None) -> list[str]:
+    return [s for s in (stop or []) if s]
 
 
 def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], beams: int, max_new_tokens: int,
@@ -489,7 +496,7 @@ def generate(
     sampling = SamplingOptions.of(sampling, **options)
     _check_generate_options(num_samples, beams, max_new_tokens)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
-    stops = [s for s in (stop or []) if s]
+    stops = _nonempty(stop)
     logprobs = None
     if beams > 1:
         rows, logprobs = _beam_rows(model, tokenizer, start_ids, stops, beams, max_new_tokens, length_penalty,
@@ -507,19 +514,9 @@ def generate(
     )
 
 
-def stream(
-    model: GPT,
-    tokenizer,
-    prompt: str,
-    *,
-    max_new_tokens: int = 100,
-    sampling: SamplingOptions | None = None,
-    seed: int | None = None,
-    stop: Sequence[str] | None = None,
-    use_cache: bool = True,
-    dtype: torch.dtype | str | None = None,
-    **options,
-) -> Iterator[str]:
+def stream(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 100, sampling: SamplingOptions | None = None,
+           seed: int | None = None, stop: Sequence[str] | None = None, use_cache: bool = True,
+           dtype: torch.dtype | str | None = None, **options) -> Iterator[str]:
     """Like `generate` for one sample, but yield the text in pieces as soon as they are printable.
 
     The pieces join to exactly `generate(...).text` with the same options and seed. A multi-byte
@@ -531,7 +528,7 @@ def stream(
     sampling = SamplingOptions.of(sampling, **options)
     _check_generate_options(1, 1, max_new_tokens)
     _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
-    stops = [s for s in (stop or []) if s]
+    stops = _nonempty(stop)
     rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)
     return _printable_pieces(rows, IncrementalText(stops))
 

@@ -14,7 +14,7 @@ import torch
 
 from scratchlm import kernels
 from scratchlm.config import GPTConfig
-from scratchlm.decoding import _FUSED_STEPS, decoding_model
+from scratchlm.decoding import Decoder, decoding_model, decoder_for
 from scratchlm.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
 from scratchlm.model import GPT, KVCache
@@ -98,13 +98,10 @@ def _check_last(model: GPT, ref: GPT, prefix: torch.Tensor, got: torch.Tensor, d
 
 
 @contextlib.contextmanager
-def _recorded_calls(copy):
-    """Wrap the FusedDecodeStep of decoding copy `copy` so that each call is recorded, as
-    ("step", positions, taken) or ("greedy", cache length, steps, taken); the step is put back
-    afterwards."""
-    from scratchlm import decoding
-
-    step = decoding._FUSED_STEPS[copy]
+def _recorded_calls(decoder: Decoder):
+    """Wrap the compiled step of `decoder` so that each call is recorded, as ("step", positions,
+    taken) or ("greedy", cache length, steps, taken); the step is put back afterwards."""
+    step = decoder.step
     calls: list[tuple] = []
 
     class Recording:
@@ -121,20 +118,20 @@ def _recorded_calls(copy):
             calls.append(("greedy", length, steps, out is not None))
             return out
 
-    decoding._FUSED_STEPS[copy] = Recording()
+    decoder._step = Recording()
     try:
         yield calls
     finally:
-        decoding._FUSED_STEPS[copy] = step
+        decoder._step = step
 
 
 @pytest.mark.parametrize("name", FUSED_VARIANTS)
 @pytest.mark.parametrize("batch", [1, 3, 8])  # 8: the most rows the kernel takes
 def test_each_step_matches_the_model_on_rounded_weights(kernel_variant, name, batch):
     model = _model(1, **FUSED_VARIANTS[name])
-    fast = decoding_model(model, "bfloat16")
-    step = _FUSED_STEPS.get(fast)
-    assert step is not None, unsupported(fast)
+    decoder = Decoder.build(model, "bfloat16")
+    step = decoder.step
+    assert step is not None, unsupported(decoder.model)
     V = model.config.vocab_size
     idx = torch.randint(0, V, (batch, TINY["block_size"]), generator=torch.Generator().manual_seed(batch))
     # The prompt goes through the modules; with more rows than the kernel takes, those multiply in
@@ -146,9 +143,9 @@ def test_each_step_matches_the_model_on_rounded_weights(kernel_variant, name, ba
 @pytest.mark.parametrize("batch", [1, 2])
 def test_float32_steps_match_the_model(kernel_variant, name, batch):
     model = _model(7, **FUSED_VARIANTS[name])
-    fast = decoding_model(model, "float32")
-    step = _FUSED_STEPS.get(fast)
-    assert step is not None, unsupported(fast)
+    decoder = Decoder.build(model, "float32")
+    step = decoder.step
+    assert step is not None, unsupported(decoder.model)
     idx = torch.randint(0, model.config.vocab_size, (batch, TINY["block_size"]),
                         generator=torch.Generator().manual_seed(batch))
     for got, want, full in _steps(model, step, idx, prompt=2, dtype="float32"):
@@ -162,8 +159,7 @@ def test_several_positions_per_call_match_the_model(kernel_variant, name, dtype)
     """A short prompt, then pieces of 3 and 2 positions, then single steps (two sequences): each
     call's logits are the last position's, and the cache holds what the next calls need."""
     model = _model(8, **FUSED_VARIANTS[name])
-    fast = decoding_model(model, dtype)
-    step = _FUSED_STEPS[fast]
+    step = Decoder.build(model, dtype).step
     ref = _reference(model) if dtype == "bfloat16" else model
     idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(8))
     cache = KVCache(model.config, 2)
@@ -182,18 +178,18 @@ def test_two_threads_share_the_work_and_get_the_same_result(kernel_variant, name
     model = _model(2, **FUSED_VARIANTS[name])
     idx = torch.randint(0, model.config.vocab_size, (2, TINY["block_size"]), generator=torch.Generator().manual_seed(0))
     torch.set_num_threads(2)  # the fixture puts it back
-    _check(_steps(model, _FUSED_STEPS[decoding_model(model, "bfloat16")], idx, prompt=1))
-    for got, _, full in _steps(model, _FUSED_STEPS[decoding_model(model, "float32")], idx, prompt=1, dtype="float32"):
+    _check(_steps(model, Decoder.build(model, "bfloat16").step, idx, prompt=1))
+    for got, _, full in _steps(model, Decoder.build(model, "float32").step, idx, prompt=1, dtype="float32"):
         torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
 
 
 def test_models_and_calls_it_does_not_take_go_the_usual_way():
-    post = decoding_model(_model(4, norm_position="post"), "bfloat16")
-    assert unsupported(post) == "post-norm blocks" and post not in _FUSED_STEPS
-    assert decoding_model(_model(4), "float32", layout="in_out") not in _FUSED_STEPS  # not the kernel layout
+    post = Decoder.build(_model(4, norm_position="post"), "bfloat16")
+    assert unsupported(post.model) == "post-norm blocks" and post.step is None
+    assert Decoder.build(_model(4), "float32", layout="in_out").step is None  # not the kernel layout
     model = _model(4, **{**FUSED_VARIANTS["gpt2"], "block_size": 24})  # room for a prompt of 17
-    fast = decoding_model(model, "bfloat16")
-    step = _FUSED_STEPS[fast]
+    decoder = Decoder.build(model, "bfloat16")
+    step = decoder.step
     V, block = model.config.vocab_size, model.config.block_size
 
     def declined(idx, cache) -> bool:
@@ -222,23 +218,21 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
     assert declined(torch.tensor([[1]]), cache64)
     cache.length = block
     assert declined(torch.tensor([[1]]), cache)  # a full cache
-    from scratchlm.decoding import _last_logits
-
     with pytest.raises(IndexError):  # declined, so the model's own path reports the bad id
-        _last_logits(fast, torch.tensor([[V]]), KVCache(model.config, 1))
+        decoder.last_logits(torch.tensor([[V]]), KVCache(model.config, 1))
 
 
 def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
-    from scratchlm import decoding, generate as gen
+    from scratchlm import generate as gen
 
     model = _model(5, **FUSED_VARIANTS["gpt2"])
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
-    copy = decoding._decoder_for(model, 8, torch.bfloat16)  # the copy generate_ids will reuse
+    decoder = decoder_for(model, 8, torch.bfloat16)  # the Decoder generate_ids will reuse
     monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # chunk sizes that do not depend on the machine's speed
-    with _recorded_calls(copy) as calls:
+    with _recorded_calls(decoder) as calls:
         ids = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16")
         # the prompt (3 rows), then one step (timed), then the other 6 in one call
         assert calls == [("step", 3, True), ("greedy", 3, 1, True), ("greedy", 4, 6, True)]
@@ -253,18 +247,16 @@ def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
 def test_a_copy_converted_after_it_was_built_drops_the_step():
     """.double() gives every parameter new storage; the step's addresses would then describe the
     old tensors, so the next call must go through the model's own code (in float64 here)."""
-    from scratchlm.decoding import _last_logits
-
     model = _model(9, **FUSED_VARIANTS["gpt2"])
-    fast = decoding_model(model, "float32")
-    assert fast in _FUSED_STEPS
+    decoder = Decoder.build(model, "float32")
+    assert decoder.step is not None
     with torch.no_grad():
-        fast.transformer.wte.weight.mul_(2.0)  # in place: the step still describes the copy
-    assert _FUSED_STEPS[fast].describes(fast)
-    fast.double()
+        decoder.model.transformer.wte.weight.mul_(2.0)  # in place: the step still describes the copy
+    assert decoder.step is not None and decoder.step.describes(decoder.model)
+    decoder.model.double()
     idx = torch.tensor([[1, 2, 3]])
-    logits = _last_logits(fast, idx, KVCache(model.config, 1, dtype=torch.float64))
-    assert fast not in _FUSED_STEPS and logits.dtype == torch.float64
+    logits = decoder.last_logits(idx, KVCache(model.config, 1, dtype=torch.float64))
+    assert decoder.step is None and logits.dtype == torch.float64
 
 
 @pytest.mark.parametrize("name", ["gpt2", "llama"])
@@ -274,8 +266,7 @@ def test_a_prompt_of_more_rows_goes_in_pieces_and_matches_the_model(kernel_varia
     """The pieces before the last skip the head; the last position's logits, and the steps that
     follow from the cache the pieces left, match the model."""
     model = _model(10, **{**FUSED_VARIANTS[name], "block_size": 24})
-    fast = decoding_model(model, dtype)
-    step = _FUSED_STEPS[fast]
+    step = Decoder.build(model, dtype).step
     assert batch * prompt > KERNEL.max_rows and batch * prompt <= step.max_prompt
     ref = _reference(model) if dtype == "bfloat16" else model
     idx = torch.randint(0, model.config.vocab_size, (batch, prompt + 3), generator=torch.Generator().manual_seed(10))
@@ -296,7 +287,7 @@ def test_greedy_steps_in_one_call_equal_one_step_at_a_time(kernel_variant, name,
     from scratchlm.sampling import greedy_ids
 
     model = _model(11, **FUSED_VARIANTS[name])
-    step = _FUSED_STEPS[decoding_model(model, dtype)]
+    step = Decoder.build(model, dtype).step
     idx = torch.randint(0, model.config.vocab_size, (batch, 2), generator=torch.Generator().manual_seed(11))
     cache = KVCache(model.config, batch)
     cache.k.zero_(), cache.v.zero_()
@@ -328,7 +319,7 @@ def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
         head = model.lm_head
         head.weight[7] = head.weight[3]
         head.bias[3] = head.bias[7] = 50.0
-    step = _FUSED_STEPS[decoding_model(model, "float32")]
+    step = Decoder.build(model, "float32").step
     cache = KVCache(model.config, 2)
     step(torch.tensor([[1], [2]]), cache)
     ids, logits = step.greedy(torch.tensor([[4], [6]]), 5, cache)
@@ -340,7 +331,7 @@ def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
     with torch.no_grad():
         head.weight[5] = float("nan")
         head.weight[9] = float("nan")
-    step = _FUSED_STEPS[decoding_model(model, "float32")]
+    step = Decoder.build(model, "float32").step
     cache = KVCache(model.config, 1)
     step(torch.tensor([[1]]), cache)
     ids, logits = step.greedy(torch.tensor([[4]]), 3, cache)
@@ -355,14 +346,14 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     chunk stays within GREEDY_LATENCY, the last ending at the context's edge, where the window
     starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
     all the way. A step slower than the latency budget allows goes one per call."""
-    from scratchlm import decoding, generate as gen
+    from scratchlm import generate as gen
 
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")
-    copy = decoding._decoder_for(model, 30, torch.float32)
+    decoder = decoder_for(model, 30, torch.float32)
     block = model.config.block_size
-    with _recorded_calls(copy) as calls:
+    with _recorded_calls(decoder) as calls:
         monkeypatch.setattr(gen, "GREEDY_LATENCY", 10.0)  # a tiny model's steps fit many times over
         assert torch.equal(generate_ids(model, idx, max_new_tokens=30, greedy=True, temperature=0.0), plain)
         # from the prompt (3 positions) to the edge; past it every step re-prefills, which leaves the cache full
@@ -378,12 +369,10 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
 def test_greedy_generation_of_more_sequences_than_the_step_takes_goes_the_usual_way():
     """Nine sequences: the step declines the first chunk, so every later step goes through the
     model's own modules, and the ids are still the plain loop's."""
-    from scratchlm import decoding
-
     model = _model(14, **FUSED_VARIANTS["gpt2"])
     idx = torch.randint(0, model.config.vocab_size, (KERNEL.max_rows + 1, 2), generator=torch.Generator().manual_seed(14))
-    copy = decoding._decoder_for(model, 9, torch.float32)
-    with _recorded_calls(copy) as calls:
+    decoder = decoder_for(model, 9, torch.float32)
+    with _recorded_calls(decoder) as calls:
         ids = generate_ids(model, idx, max_new_tokens=9, greedy=True, dtype="float32")
     assert [taken for kind, *_, taken in calls if kind == "greedy"] == [False]  # declined once, then not asked again
     assert torch.equal(ids, generate_ids(model, idx, max_new_tokens=9, greedy=True, use_cache=False, dtype="float32"))

@@ -1,4 +1,4 @@
-"""The decoding copy (scratchlm.decoding.decoding_model) and bfloat16 decoding.
+"""The decoding copy (scratchlm.decoding: decoding_model, Decoder) and bfloat16 decoding.
 
 The copy must compute what the model computes: in float32 to rounding, in bfloat16 what the
 model computes with its Linear weights (and their inputs) rounded to bfloat16. References are
@@ -177,6 +177,28 @@ def test_decoding_copy_is_rebuilt_when_the_weights_change():
     assert again[0, 3:].tolist() == [7] * 12
     bf16 = generate_ids(model, idx, max_new_tokens=12, greedy=True, dtype=torch.bfloat16)
     assert bf16[0, 3:].tolist() == [7] * 12
+
+
+def test_one_decoder_per_model_and_dtype_is_kept_until_the_weights_change():
+    """decoder_for hands back the same Decoder (copy and compiled step) while the weights stay as
+    they were, a new one after an in-place change; a Decoder given to the loops is used as it is,
+    with the tokens of the model it was built from."""
+    from scratchlm.decoding import Decoder, decoder_for
+
+    model = _model(seed=6)
+    first = decoder_for(model, 12, torch.bfloat16)
+    assert first.model is not model and decoder_for(model, 12, "bfloat16") is first
+    assert decoder_for(model, 12, torch.float32) is not first  # another dtype, another copy
+    assert decoder_for(model, 3, None).model is model  # too few steps for a copy to pay
+    idx = torch.tensor([[1, 2, 3]])
+    want = generate_ids(model, idx, max_new_tokens=12, greedy=True, dtype=torch.bfloat16)
+    built = Decoder.build(model, torch.bfloat16)
+    assert decoder_for(built, 12, None) is built
+    assert torch.equal(generate_ids(built, idx, max_new_tokens=12, greedy=True), want)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(0.5)
+    again = decoder_for(model, 12, torch.bfloat16)
+    assert again is not first and again.signature != first.signature
 
 
 def test_dtype_option_is_checked():

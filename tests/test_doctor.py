@@ -11,7 +11,6 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 
 
 def _doctor(cache: Path | None, *args: str, **env: str) -> subprocess.CompletedProcess:

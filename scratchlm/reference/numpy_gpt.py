@@ -329,28 +329,25 @@ def transformer_block(x: np.ndarray, block: dict, cfg: Any, allowed: np.ndarray,
                       rope: tuple[np.ndarray, np.ndarray] | None,
                       trace: dict | None = None, prefix: str = "") -> np.ndarray:  # [..., T, C] -> [..., T, C]
     """Pre-norm: x + attn(ln_1(x)), then + mlp(ln_2(.)). Post-norm: ln_1(x + attn(x)), ln_2(. + mlp(.))."""
-    n_head, activation = _cfg(cfg, "n_head"), _cfg(cfg, "activation")
+    n_head, activation, position = _cfg(cfg, "n_head"), _cfg(cfg, "activation"), _cfg(cfg, "norm_position")
+    if position not in ("pre", "post"):
+        raise ValueError(f"unknown norm_position {position!r}")
     _put(trace, prefix + "in", x)
-    if _cfg(cfg, "norm_position") == "pre":
-        a = _norm(x, block["ln_1"], cfg)
-        _put(trace, prefix + "ln_1", a)
-        x = x + mha(a, **block["attn"], n_head=n_head, allowed=allowed, rope=rope, trace=trace, prefix=prefix)
-        _put(trace, prefix + "resid_1", x)
-        m = _norm(x, block["ln_2"], cfg)
-        _put(trace, prefix + "ln_2", m)
-        x = x + ffn(m, **block["mlp"], activation=activation, trace=trace, prefix=prefix)
-        _put(trace, prefix + "resid_2", x)
-    elif _cfg(cfg, "norm_position") == "post":
-        r1 = x + mha(x, **block["attn"], n_head=n_head, allowed=allowed, rope=rope, trace=trace, prefix=prefix)
-        _put(trace, prefix + "resid_1", r1)
-        x = _norm(r1, block["ln_1"], cfg)
-        _put(trace, prefix + "ln_1", x)
-        r2 = x + ffn(x, **block["mlp"], activation=activation, trace=trace, prefix=prefix)
-        _put(trace, prefix + "resid_2", r2)
-        x = _norm(r2, block["ln_2"], cfg)
-        _put(trace, prefix + "ln_2", x)
-    else:
-        raise ValueError(f"unknown norm_position {_cfg(cfg, 'norm_position')!r}")
+    sublayers = (("1", lambda h: mha(h, **block["attn"], n_head=n_head, allowed=allowed, rope=rope, trace=trace,
+                                     prefix=prefix)),
+                 ("2", lambda h: ffn(h, **block["mlp"], activation=activation, trace=trace, prefix=prefix)))
+    for i, sublayer in sublayers:  # attention, then the MLP, each in a residual branch
+        norm = block["ln_" + i]
+        if position == "pre":  # the branch sees the normalised stream; the sum is left as it is
+            h = _norm(x, norm, cfg)
+            _put(trace, prefix + "ln_" + i, h)
+            x = x + sublayer(h)
+            _put(trace, prefix + "resid_" + i, x)
+        else:  # post-norm: the branch sees the stream itself, and the sum is normalised
+            x = x + sublayer(x)
+            _put(trace, prefix + "resid_" + i, x)
+            x = _norm(x, norm, cfg)
+            _put(trace, prefix + "ln_" + i, x)
     _put(trace, prefix + "out", x)
     return x
 
