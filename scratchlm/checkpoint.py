@@ -40,6 +40,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from scratchlm.config import GPTConfig
+from scratchlm.memory import check_model_fits
 from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.fileio import atomic_write
 from scratchlm.model import GPT
@@ -197,11 +198,21 @@ def from_safe(obj: Any) -> Any:
     return obj
 
 
+def quiet_torch_load(path: Path | str) -> Any:
+    """torch.load(weights_only=True) without the warnings it prints on the way to a refusal (a
+    pickle protocol it did not write, ...): the caller turns a refusal into one line."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.load(path, map_location="cpu", weights_only=True)
+
+
 def _torch_load_safely(path: Path) -> Any:
     if not path.is_file():
         raise UserError(f"{path}: missing; the checkpoint is incomplete or weights-only")
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
+        return quiet_torch_load(path)
     except Exception as exc:  # a truncated zip or a forbidden pickle global; both mean "bad file"
         raise UserError(f"{path}: cannot read it ({read_failure(exc)})") from exc
 
@@ -332,7 +343,7 @@ def save_model_checkpoint(
         raise UserError(f"{out_dir}: exists and is a file, not a checkpoint directory; choose a new directory")
     check_folder_path(out_dir, "output directory")
     if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
-        raise UserError(f"{out_dir} already exists and is not empty; choose a new directory or pass overwrite")
+        raise UserError(f"{out_dir} already exists and is not empty; choose a new folder, or empty this one")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     config = {"model": model.config.to_dict(), **(extra_config or {})}
     if tokenizer is not None:
@@ -392,6 +403,10 @@ def read_config(ckpt_dir: Path | str) -> dict[str, Any]:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc}); the file is damaged or truncated") from exc
+    if isinstance(config, dict) and not isinstance(config.get("model"), dict) and (
+            "model_type" in config or "architectures" in config):
+        raise UserError(f"{path.parent}: this is a Hugging Face model folder, not a scratchlm checkpoint; "
+                        f"convert it first: scratchlm import-hf {path.parent} OUT_CKPT")
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
         raise UserError(f"{path}: has no 'model' section with the model configuration")
     return config
@@ -417,9 +432,10 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     ckpt = resolve_checkpoint(path)
     config = read_config(ckpt)
     try:
-        model_config = GPTConfig.from_dict(config["model"])
+        model_config = GPTConfig.from_dict(config["model"], complete=True)
     except UserError as exc:
         raise UserError(f"{ckpt / CONFIG_FILE}: bad model config ({exc})") from exc
+    check_model_fits(model_config, "cpu")  # the weights are read on the CPU first
     weights = _read_weights(ckpt / WEIGHTS_FILE)
     model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
     model.to(device).eval()

@@ -11,7 +11,13 @@ import argparse
 import json
 import sys
 
-from scratchlm.errors import UserError
+from scratchlm.errors import UserError, check_output_file
+
+MAX_PROMPT_CHARS = 1_000_000
+"""The longest prompt read from a file or stdin (a context is a few thousand tokens)."""
+
+ATTENTION_MEGAPIXELS = 200
+"""The largest attention picture drawn (about 800 MB of pixels in memory)."""
 
 
 def _add_inspect(sub) -> None:
@@ -87,7 +93,8 @@ def _run_walkthrough(args) -> int:
     import torch
 
     from scratchlm.config import GPTConfig
-    from scratchlm.walkthrough import WALKTHROUGH_IDS, format_walkthrough, walkthrough, walkthrough_json
+    from scratchlm.walkthrough import (WALKTHROUGH_IDS, WALKTHROUGH_MAX_LINES, WALKTHROUGH_MAX_ROW, format_walkthrough,
+                                       printed_size, walkthrough, walkthrough_json)
 
     cfg = GPTConfig.from_name(args.preset)
     ids = list(WALKTHROUGH_IDS)[: cfg.block_size]
@@ -98,6 +105,11 @@ def _run_walkthrough(args) -> int:
             raise UserError(f"--ids must be comma-separated whole numbers, got {args.ids!r}") from None
     if not ids or len(ids) > cfg.block_size or any(not 0 <= i < cfg.vocab_size for i in ids):
         raise UserError(f"--ids: give 1 to {cfg.block_size} ids in 0..{cfg.vocab_size - 1} for preset {args.preset}")
+    lines, widest = printed_size(cfg, len(ids))
+    if lines > WALKTHROUGH_MAX_LINES or widest > WALKTHROUGH_MAX_ROW:
+        raise UserError(f"--preset {args.preset}: the walkthrough would print about {lines:,} lines, up to {widest:,} "
+                        f"numbers wide (at most {WALKTHROUGH_MAX_LINES:,} and {WALKTHROUGH_MAX_ROW}); it is for "
+                        "hand-sized models: use --preset hand, or `scratchlm inspect` for shapes at any size")
     w = walkthrough(ids, preset=args.preset, seed=args.seed, init=args.init,
                     dtype=torch.float32 if args.float32 else torch.float64)
     print(json.dumps(walkthrough_json(w), indent=1) if args.json else format_walkthrough(w))
@@ -112,6 +124,7 @@ def _add_attention(sub) -> None:
     p.add_argument("--layer", type=int, action="append", help="only this layer (repeatable; default: all)")
     p.add_argument("--head", type=int, action="append", help="only this head (repeatable; default: all)")
     p.add_argument("--dpi", type=int, default=100, help="pixels per inch; each panel is 3 x 3 inches (default: 100)")
+    p.add_argument("--force", action="store_true", help="write --out even when its name does not end in .png")
     p.set_defaults(run=_run_attention)
 
 
@@ -119,18 +132,22 @@ def _run_attention(args) -> int:
     from scratchlm.checkpoint import load_model
     from scratchlm.attention_maps import attention_figure, attention_weights, save_figure, token_labels
 
+    check_output_file(args.out, ".png", "--out", args.force)
+    if not 10 <= args.dpi <= 1000:
+        raise UserError(f"--dpi must be between 10 and 1000 (each panel is 3 x 3 inches), got {args.dpi}")
     model, tokenizer, _ = load_model(args.checkpoint)
     if tokenizer is None:
         raise UserError(f"{args.checkpoint}: has no saved tokenizer, so the prompt cannot be turned into token ids")
-    if not args.out.lower().endswith(".png"):
-        raise UserError(f"--out {args.out}: the attention map is written as PNG; give a file name ending in .png")
+    panels = len(args.layer or range(model.config.n_layer)) * len(args.head or range(model.config.n_head))
+    megapixels = panels * (3 * args.dpi) ** 2 / 1e6
+    if megapixels > ATTENTION_MEGAPIXELS:
+        raise UserError(f"{panels} panels at --dpi {args.dpi} make a {megapixels:,.0f}-megapixel picture (at most "
+                        f"{ATTENTION_MEGAPIXELS}); lower --dpi or pick panels with --layer / --head")
     ids = tokenizer.encode(args.prompt)
     if not ids:
         raise UserError("--prompt is empty after tokenization; give some text")
     if len(ids) > model.config.block_size:
         raise UserError(f"the prompt is {len(ids)} tokens, longer than the context length {model.config.block_size}; shorten it")
-    if args.dpi <= 0:
-        raise UserError(f"--dpi must be positive, got {args.dpi}")
     weights = attention_weights(model, ids)
     try:
         fig = attention_figure(weights, token_labels(tokenizer, ids), layers=args.layer, heads=args.head, dpi=args.dpi)
@@ -141,11 +158,18 @@ def _run_attention(args) -> int:
     return 0
 
 
+def _add_paths_command(sub, name: str, help: str, run, *paths: tuple[str, str, str]) -> None:
+    """A subcommand that takes only positional paths, each (dest, METAVAR, help)."""
+    p = sub.add_parser(name, help=help)
+    for dest, metavar, text in paths:
+        p.add_argument(dest, metavar=metavar, help=text)
+    p.set_defaults(run=run)
+
+
 def _add_export_hf(sub) -> None:
-    p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face GPT-2 directory (loads offline in transformers)")
-    p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to create (must not exist, or be empty)")
-    p.set_defaults(run=_run_export_hf)
+    _add_paths_command(sub, "export-hf", "write a checkpoint as a Hugging Face GPT-2 directory (loads offline in transformers)",
+                       _run_export_hf, ("checkpoint", "CKPT", "a run or checkpoint directory"),
+                       ("out_dir", "OUT_DIR", "directory to create (must not exist, or be empty)"))
 
 
 def _run_export_hf(args) -> int:
@@ -165,10 +189,9 @@ def _run_export_hf(args) -> int:
 
 
 def _add_import_hf(sub) -> None:
-    p = sub.add_parser("import-hf", help="read a local Hugging Face GPT-2 directory into a scratchlm checkpoint")
-    p.add_argument("hf_dir", metavar="HF_DIR", help="a directory saved by save_pretrained (config.json + weights)")
-    p.add_argument("out_ckpt", metavar="OUT_CKPT", help="checkpoint directory to create")
-    p.set_defaults(run=_run_import_hf)
+    _add_paths_command(sub, "import-hf", "read a local Hugging Face GPT-2 directory into a scratchlm checkpoint",
+                       _run_import_hf, ("hf_dir", "HF_DIR", "a directory saved by save_pretrained (config.json + weights)"),
+                       ("out_ckpt", "OUT_CKPT", "checkpoint directory to create"))
 
 
 def _run_import_hf(args) -> int:
@@ -268,13 +291,14 @@ def _add_plot(sub) -> None:
     p = sub.add_parser("plot", help="draw a run's train and validation loss curves to a PNG")
     p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory made by scratchlm train")
     p.add_argument("--out", default=None, help="PNG file to write (default: RUN_DIR/loss.png)")
+    p.add_argument("--force", action="store_true", help="write --out even when its name does not end in .png")
     p.set_defaults(run=_run_plot)
 
 
 def _run_plot(args) -> int:
     from scratchlm.plot import plot_run
 
-    print(plot_run(args.run_dir, args.out))
+    print(plot_run(args.run_dir, args.out, force=args.force))
     return 0
 
 
@@ -356,13 +380,20 @@ def _read_prompt(args) -> str:
     if args.prompt_file is not None:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
-                return f.read()
+                text = f.read(MAX_PROMPT_CHARS + 1)  # bounded: /dev/zero or a huge file must not fill memory
+            if len(text) > MAX_PROMPT_CHARS:
+                raise UserError(f"--prompt-file {args.prompt_file}: longer than {MAX_PROMPT_CHARS:,} characters; a "
+                                "prompt is cropped to the model's context anyway, so give its end only")
+            return text
         except OSError as exc:
             raise UserError(f"--prompt-file {args.prompt_file}: cannot read it ({exc.strerror})") from None
         except UnicodeDecodeError as exc:
             raise UserError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if sys.stdin is not None and not sys.stdin.isatty():
-        return sys.stdin.read()
+        text = sys.stdin.read(MAX_PROMPT_CHARS + 1)
+        if len(text) > MAX_PROMPT_CHARS:
+            raise UserError(f"the prompt on stdin is longer than {MAX_PROMPT_CHARS:,} characters; give its end only")
+        return text
     return ""  # nothing given: start from BOS
 
 
@@ -370,19 +401,14 @@ def _run_generate(args) -> int:
     import os
     import warnings
 
-    import torch
-
     from scratchlm.checkpoint import load_model
+    from scratchlm.devices import pick_device
     from scratchlm.generate import generate, stream
     from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
-    device = args.device
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    elif device.startswith("cuda") and not torch.cuda.is_available():
-        raise UserError(f"--device {device}: no CUDA device is available here; use --device cpu")
+    device = pick_device(args.device, allow_mps=False)  # decoding's fast paths are CPU and CUDA
     stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
     prompt = _read_prompt(args)
     model, tokenizer, info = load_model(args.checkpoint, device=device)

@@ -9,7 +9,7 @@ Symbols used throughout the project: B batch, T sequence length, C width (`n_emb
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from typing import Any
 
 from scratchlm.errors import ConfigError
@@ -32,7 +32,8 @@ class GPTConfig:
     n_layer: int = 2
     """N: number of Transformer blocks."""
     n_head: int = 4
-    """H: attention heads per block; n_embd must be divisible by it."""
+    """H: attention heads per block. Each head attends in its own n_embd / n_head dimensions (the
+    head size), so n_embd must be divisible by it."""
     n_embd: int = 128
     """C: width of the residual stream."""
     n_inner: int | None = None
@@ -127,11 +128,17 @@ class GPTConfig:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "GPTConfig":
+    def from_dict(cls, values: dict[str, Any], complete: bool = False) -> "GPTConfig":
+        """The config of `values`; complete=True (a saved model's config) refuses a missing field
+        too, since a default in its place would quietly build another network."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], f"not a model config field; known fields: {', '.join(sorted(known))}")
+        missing = [name for name in (f.name for f in fields(cls)) if name not in values]
+        if complete and missing:
+            raise ConfigError(missing[0], "missing; a saved model's config names every field (a default "
+                                          "could build another network than the one the weights belong to)")
         return cls(**values)
 
     def replace(self, **changes: Any) -> "GPTConfig":

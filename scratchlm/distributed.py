@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from scratchlm.errors import UserError
+from scratchlm.devices import pick_device
 from scratchlm.model import GPT
 from scratchlm.train_config import TrainConfig
 
@@ -38,21 +38,9 @@ def setup_processes(cfg: TrainConfig) -> tuple[Dist, torch.device]:
     """Join torchrun's process group when its environment variables are set; pick the device."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
     dist_info = Dist(int(os.environ.get("RANK", "0")), world, int(os.environ.get("LOCAL_RANK", "0")))
-    if cfg.device == "auto":
-        if torch.cuda.is_available():
-            kind = "cuda"
-        elif getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available() and world == 1:
-            kind = "mps"
-        else:
-            kind = "cpu"
-    else:
-        kind = cfg.device
-    try:
-        device = torch.device(f"cuda:{dist_info.local_rank}" if kind == "cuda" and world > 1 else kind)
-    except RuntimeError:
-        raise UserError(f"--device {cfg.device}: not a device torch knows; use auto, cpu, cuda, cuda:N or mps") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"--device {cfg.device}: CUDA is not available on this machine; use --device cpu")
+    device = pick_device(cfg.device, allow_mps=world == 1)
+    if device.type == "cuda" and world > 1:
+        device = torch.device(f"cuda:{dist_info.local_rank}")
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if world > 1:

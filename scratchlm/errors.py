@@ -24,6 +24,24 @@ def check_folder_path(path, flag: str) -> None:
             return
 
 
+def check_output_file(path, suffix: str, flag: str, force: bool = False) -> None:
+    """Refuse, before any work, an output file the command could not write, or should not: a
+    folder or a non-regular file in its place, a folder that cannot be made, or a name without
+    `suffix` (the kind of file the command makes; any file by that name would be replaced),
+    unless `force`. A file of the right kind is replaced whole (see fileio.atomic_write)."""
+    from pathlib import Path
+
+    path = Path(path).expanduser()
+    if path.is_dir():
+        raise UserError(f"{flag} {path}: is a folder; give a file name ending in {suffix}")
+    if path.exists() and not path.is_file():
+        raise UserError(f"{flag} {path}: not a regular file; give a file name ending in {suffix}")
+    if path.suffix.lower() != suffix and not force:
+        what = f"a {suffix} file would replace it" if path.exists() else f"the name does not end in {suffix}"
+        raise UserError(f"{flag} {path}: {what}; give a name ending in {suffix} (or pass --force)")
+    check_folder_path(path.parent, flag)
+
+
 def read_failure(exc: BaseException) -> str:
     """Why a file could not be read, in one short line (torch's refusals run over many lines).
 
@@ -36,6 +54,11 @@ def read_failure(exc: BaseException) -> str:
     if unsafe:
         return (f"refused: it holds a pickled {unsafe.group(1)}, not only tensors, and unpickling that could run "
                 "code; use a file from a source you trust, or make it again")
+    if text.startswith("Weights only load failed"):  # torch's advice to retry unsafely is not for us to pass on
+        reason = re.search(r"WeightsUnpickler error:\s*(.+)", text)
+        detail = reason.group(1).strip().splitlines()[0] if reason else "not a plain file of tensors"
+        return (f"refused: the safe (weights-only) loader cannot read it ({detail}); save it again with "
+                "torch.save or, better, as safetensors")
     return f"{type(exc).__name__}: {text.splitlines()[0] if text else 'no details'}"
 
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 
 from scratchlm.decoding import Decoder, decoder_for
 from scratchlm.errors import ConfigError, UserError
+from scratchlm.memory import check_generation_fits
 from scratchlm.model import GPT, KVCache, eval_mode
 from scratchlm.sampling import SamplingOptions, check_max_new_tokens, choose_next, make_generator
 
@@ -65,6 +66,7 @@ def iter_tokens(
     generator: torch.Generator | None = None,
     use_cache: bool = True,
     dtype: torch.dtype | str | None = None,
+    vocab: int | None = None,
     **options,
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """Yield (next ids (B,), the model's raw logits (B, V) they were chosen from), step by step.
@@ -72,7 +74,9 @@ def iter_tokens(
     idx (B, T0) holds the prompts, T0 >= 1 (start from BOS for an empty prompt). The model runs
     in eval mode (no dropout) and is put back in its former mode when the iterator ends. How each
     token is chosen: `sampling=SamplingOptions(...)`, or its fields as keywords (temperature=0.8,
-    top_k=40, greedy=True, ...), as for every function here.
+    top_k=40, greedy=True, ...), as for every function here. vocab=N lets only ids below N be
+    chosen (and yields those N scores): a tokenizer smaller than the model's padded vocabulary has
+    no text for the rest.
 
     use_cache=False is the plain loop of station 19: every step runs the whole window, the last
     `block_size` tokens. use_cache=True gives the same tokens:
@@ -99,12 +103,14 @@ def iter_tokens(
     n = T0
     penalise = sampling.repetition_penalty != 1.0
     cache = KVCache(decoder.model.config, B, device=device, dtype=dtype) if use_cache else None
-    chunks = _GreedyChunks(decoder) if sampling.is_greedy and not penalise and cache is not None else None
+    cut = vocab is not None and vocab < decoder.model.config.vocab_size
+    chunks = _GreedyChunks(decoder) if sampling.is_greedy and not (penalise or cut) and cache is not None else None
     with eval_mode(decoder.model):
         while n < seq.shape[1]:
             chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None else None
             if chunk is None:  # one step: the scores, then the choice
                 logits = _next_logits(decoder, seq[:, :n], cache)
+                logits = logits[:, :vocab] if cut else logits
                 next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
                 chunk = next_ids[None], logits[None]
             for next_ids, logits in zip(*chunk):
@@ -235,6 +241,7 @@ def beam_search(
     eos_id: int | None = None,
     use_cache: bool = True,
     dtype: torch.dtype | str | None = None,
+    vocab: int | None = None,
 ) -> list[tuple[list[int], float]]:
     """Keep the `beam_width` most probable continuations at every step; return the `n_best`.
 
@@ -243,7 +250,8 @@ def beam_search(
     there) and logprob the sum of log p(token | everything before) over the continuation. They
     are ranked by logprob / n_new^length_penalty. Finished beams (ended at eos_id) leave the
     search; the others run for max_new_tokens steps. A beam as wide as the number of possible
-    continuations prunes nothing and is an exhaustive search.
+    continuations prunes nothing and is an exhaustive search. vocab=N: only ids below N extend a
+    beam (see iter_tokens).
     """
     check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
@@ -260,7 +268,7 @@ def beam_search(
     with eval_mode(decoder.model):
         for _ in range(max_new_tokens):
             logits = _next_logits(decoder, beams, cache)
-            logp = F.log_softmax(logits.float(), dim=-1)  # (W_live, V)
+            logp = F.log_softmax(logits[:, :vocab].float(), dim=-1)  # (W_live, V)
             V = logp.shape[-1]
             candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
             # With eos, up to beam_width candidates may finish, so look at twice as many to
@@ -420,7 +428,7 @@ def _run_rows(
     idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (S, T0)
     generator = make_generator(seed, device)
     tokens = iter_tokens(decoder, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
-                         use_cache=use_cache)
+                         use_cache=use_cache, vocab=getattr(tokenizer, "vocab_size", None))
     try:
         for next_ids, _ in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -456,7 +464,7 @@ def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], be
     their log-probabilities."""
     eos_id = getattr(tokenizer, "eos_id", None)
     best = beam_search(model, torch.tensor(start_ids), beams, max_new_tokens, length_penalty, n_best=n_best,
-                       eos_id=eos_id, use_cache=use_cache, dtype=dtype)
+                       eos_id=eos_id, use_cache=use_cache, dtype=dtype, vocab=getattr(tokenizer, "vocab_size", None))
     rows = []
     for ids, _ in best:
         row = _Row(tokenizer, eos_id, stops)
@@ -496,6 +504,8 @@ def generate(
     sampling = SamplingOptions.of(sampling, **options)
     _check_generate_options(num_samples, beams, max_new_tokens)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
+    check_generation_fits(model.config, next(model.parameters()).device, beams if beams > 1 else num_samples,
+                          max_new_tokens, len(start_ids))
     stops = _nonempty(stop)
     logprobs = None
     if beams > 1:

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 import torch
 
+from scratchlm.checkpoint import quiet_torch_load
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.model import GPT
@@ -216,7 +217,7 @@ def read_hf_weights(directory: Path | str) -> dict[str, torch.Tensor]:
                 state.update(load_file(directory / shard))
             return state
         if pickled.is_file():
-            return torch.load(pickled, map_location="cpu", weights_only=True)
+            return quiet_torch_load(pickled)
     except UserError:
         raise
     except Exception as exc:  # safetensors and torch.load raise many kinds on a damaged file

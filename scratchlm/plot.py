@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from scratchlm.errors import UserError
+from scratchlm.errors import UserError, check_output_file
 from scratchlm.fileio import atomic_write
 
 
@@ -14,8 +14,13 @@ def read_metrics(run_dir: Path | str) -> list[dict]:
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path}: not found; is {run_dir} a run directory made by `scratchlm train`?")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text (a bad byte at offset {exc.start}); is it the log `scratchlm train` "
+                        "wrote?") from None
     records = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for line in text.splitlines():
         try:
             records.append(json.loads(line))
         except json.JSONDecodeError:
@@ -33,8 +38,11 @@ def _curve(records: list[dict], event: str, key: str) -> tuple[list[int], list[i
     return steps, [by_step[s][0] for s in steps], [by_step[s][1] for s in steps]
 
 
-def plot_run(run_dir: Path | str, out: Path | str | None = None) -> Path:
-    """Draw the loss curves of a run to a PNG (default run_dir/loss.png); return its path."""
+def plot_run(run_dir: Path | str, out: Path | str | None = None, force: bool = False) -> Path:
+    """Draw the loss curves of a run to a PNG (default run_dir/loss.png); return its path. `out`
+    must end in .png (force=True writes any name, replacing what is there)."""
+    out = Path(out) if out else Path(run_dir) / "loss.png"
+    check_output_file(out, ".png", "--out", force)
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed
@@ -57,8 +65,8 @@ def plot_run(run_dir: Path | str, out: Path | str | None = None) -> Path:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(str(run_dir))
-    out = Path(out) if out else Path(run_dir) / "loss.png"
     try:
+        out.parent.mkdir(parents=True, exist_ok=True)
         with atomic_write(out) as f:  # never a half-written picture under the user's name, nor a temp file
             fig.savefig(f, format="png", dpi=110)
     finally:

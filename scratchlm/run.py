@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import signal
 import time
@@ -24,9 +25,11 @@ from scratchlm.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimize
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.evaluation import RankBatches, evaluate, evaluate_full, sample_text
 from scratchlm.flops import device_peak_flops, flops_per_token, si_units
+from scratchlm.memory import check_model_fits
 from scratchlm.model import GPT
 from scratchlm.optim import make_optimizer
 from scratchlm.progress import Reporter
+from scratchlm.runlock import LOCK_FILE, RunLock, holder
 from scratchlm.train_config import TrainConfig
 
 
@@ -57,17 +60,24 @@ class Run:
     `stop_requested`, and `finish`."""
 
     def __init__(self, cfg: TrainConfig, d: Dist, device: torch.device):
-        from scratchlm.data import read_shard
-        from scratchlm.tokenizer import load_tokenizer
-
         if cfg.dtype == "auto":  # what this device multiplies natively; the run's config records the choice
             cfg.dtype = auto_dtype(device)
         if cfg.dtype == "float16" and device.type != "cuda":
             raise UserError("--dtype float16 needs a CUDA device (gradient scaling); use bfloat16 on CPU")
         self.cfg, self.d, self.device = cfg, d, device
-        self.run_dir, self.resume_ckpt = _run_folder(cfg)
+        self.run_dir, self.resume_ckpt, self.lock = _run_folder(cfg, d, device)  # the folder is ours from here
         cfg.out_dir = str(self.run_dir)
+        try:
+            self._set_up()
+        except BaseException:
+            self.close()
+            raise
 
+    def _set_up(self) -> None:
+        from scratchlm.data import read_shard
+        from scratchlm.tokenizer import load_tokenizer
+
+        cfg, d, device = self.cfg, self.d, self.device
         # --- data and tokenizer ---
         if self.resume_ckpt is not None:
             self.block_size = int(ckpt_io.read_config(self.resume_ckpt)["model"]["block_size"])
@@ -76,6 +86,10 @@ class Run:
         self.prepared = _prepare_data(cfg, d, self.block_size)
         self.meta = json.loads((self.prepared / "meta.json").read_text(encoding="utf-8"))
         self.tokenizer = load_tokenizer(self.prepared / "tokenizer")
+        if self.resume_ckpt is not None:  # the ids must mean what they meant: same data, same tokenizer
+            _check_same_data(self.run_dir, self.resume_ckpt, self.meta)
+            if (self.run_dir / ckpt_io.TOKENIZER_DIR).is_dir():
+                self.tokenizer = load_tokenizer(self.run_dir / ckpt_io.TOKENIZER_DIR)  # the run's own
         self.train_tokens = read_shard(self.prepared / "train.bin")
         self.val_tokens = read_shard(self.prepared / "val.bin")
         self.bytes_per_token = self.meta["val_bytes"] / max(1, self.meta["val_tokens"])
@@ -116,6 +130,7 @@ class Run:
                 raise UserError(f"{self.resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
         else:
             self.model_config = cfg.model_config(vocab)
+            check_model_fits(self.model_config, device, training=True)  # before a byte of it is allocated
             model = GPT(self.model_config)
         if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
             torch.manual_seed(cfg.seed + d.rank)
@@ -254,8 +269,9 @@ class Run:
                              "bad_total": self.bad_total,
                              "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start), "ranks": ranks}
             config = {"model": self.model_config.to_dict(), "train": cfg.to_dict(),
-                      "data": _jsonable(asdict(_data_config(cfg))), "tokenizer": {
-                          "kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id}}
+                      "data": _jsonable(asdict(_data_config(cfg))), "data_sources": _data_identity(self.meta),
+                      "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
+                                    "eos_id": tok.eos_id}}
             scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
             path = ckpt_io.save_checkpoint(
                 self.run_dir, at_step, model_state, config,
@@ -290,6 +306,14 @@ class Run:
         self.reporter.say(f"--- sample at step {at_step} ---\n{text}\n---")
         return text
 
+    def close(self) -> None:
+        """Close the log and let go of the run folder (every way a run ends comes here)."""
+        reporter = getattr(self, "reporter", None)
+        if reporter is not None:
+            reporter.close()
+        if self.lock is not None:
+            self.lock.release()
+
     def finish(self) -> TrainResult:
         """The run's result, its last record and closing line."""
         elapsed = time.perf_counter() - self.t_start
@@ -309,24 +333,43 @@ class Run:
         return result
 
 
-def _run_folder(cfg: TrainConfig) -> tuple[Path, Path | None]:
-    """The run's folder and, when resuming, the checkpoint to resume from (checked)."""
-    if not cfg.resume:
-        run_dir = Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg)
-        _check_fresh_run_dir(run_dir)  # every rank checks, so all of them stop together
-        return run_dir, None
-    run_dir = Path(cfg.resume)
-    if cfg.out_dir and Path(cfg.out_dir).resolve() != run_dir.resolve():
+def _run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Path, Path | None, RunLock | None]:
+    """The run's folder, locked by the main process (scratchlm.runlock), and, when resuming, the
+    checkpoint to resume from (checked): read after the lock is taken, so no other writer can
+    move `latest` under us."""
+    run_dir = Path(cfg.resume) if cfg.resume else (Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg))
+    if cfg.resume and cfg.out_dir and Path(cfg.out_dir).resolve() != run_dir.resolve():
         raise UserError("--resume continues the run in its own directory; drop --out_dir or make them equal")
-    resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
-    if resume_ckpt is None:
+    if cfg.resume and ckpt_io.latest_checkpoint(run_dir) is None:
         raise UserError(f"{run_dir}: no complete checkpoint to resume from")
-    saved = ckpt_io.read_config(resume_ckpt).get("train")
-    saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
-    if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
-        raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
-                        "optimizer (or start a new run)")
-    return run_dir, resume_ckpt
+    lock, refusal = None, None
+    if d.is_main:  # the main process checks and locks; the others learn the outcome, so all stop together
+        try:
+            if not cfg.resume:
+                _check_fresh_run_dir(run_dir)
+            lock = RunLock(run_dir).acquire()
+            if not cfg.resume:
+                _check_fresh_run_dir(run_dir)  # again: another run may have started here before the lock
+        except UserError as exc:
+            refusal = exc
+            if lock is not None:
+                lock.release()
+    if any_rank(refusal is not None, d, device):
+        raise refusal or UserError(f"{run_dir}: the main process could not take the run folder; see its error")
+    try:
+        if not cfg.resume:
+            return run_dir, None, lock
+        resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
+        saved = ckpt_io.read_config(resume_ckpt).get("train")
+        saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
+        if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
+            raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
+                            "optimizer (or start a new run)")
+    except BaseException:
+        if lock is not None:
+            lock.release()
+        raise
+    return run_dir, resume_ckpt, lock
 
 
 def _data_config(cfg: TrainConfig, block_size: int | None = None):
@@ -359,6 +402,36 @@ def _prepare_data(cfg: TrainConfig, d: Dist, block_size: int) -> Path:
     return Path(ensure_prepared(data_cfg, cache))
 
 
+def _data_identity(meta: dict) -> list[dict]:
+    """What the run's token ids were made from: each source file's size and sha256 (its path too,
+    for the message; a moved file with the same bytes is the same data)."""
+    return [{"path": s["path"], "bytes": s["bytes"], "sha256": s["sha256"]} for s in meta.get("sources", [])]
+
+
+def _check_same_data(run_dir: Path, ckpt: Path, meta: dict) -> None:
+    """Refuse to resume on other data or another tokenizer than the run was trained on: its ids
+    would silently mean other characters or words (a char tokenizer renumbers when one character
+    goes; appended text shifts every batch)."""
+    saved = ckpt_io.read_config(ckpt)
+    then, now = saved.get("data_sources"), _data_identity(meta)
+    tokenizer = saved.get("tokenizer") or {}
+    what = None
+    if then is not None and [(s["bytes"], s["sha256"]) for s in then] != [(s["bytes"], s["sha256"]) for s in now]:
+        if len(then) != len(now):
+            what = f"{len(then)} source file(s) then, {len(now)} now"
+        else:
+            old, new = next((a, b) for a, b in zip(then, now) if (a["bytes"], a["sha256"]) != (b["bytes"], b["sha256"]))
+            what = (f"{Path(new['path']).name}: {old['bytes']:,} bytes, sha256 {old['sha256'][:12]} then; "
+                    f"{new['bytes']:,} bytes, sha256 {new['sha256'][:12]} now")
+    elif tokenizer and (tokenizer.get("kind"), tokenizer.get("vocab_size")) != (meta["tokenizer"], meta["vocab_size"]):
+        what = (f"tokenizer {tokenizer.get('kind')} of {tokenizer.get('vocab_size')} ids then, "
+                f"{meta['tokenizer']} of {meta['vocab_size']} now")
+    if what is not None:
+        raise UserError(f"{run_dir}: the training data changed since the run began ({what}), so its token ids would "
+                        "no longer mean what the model learned; resume on the original data, or start a new run "
+                        "in another --out_dir")
+
+
 def rng_state() -> dict[str, Any]:
     state = {
         "python": random.getstate(),
@@ -388,7 +461,12 @@ def _default_run_dir(cfg: TrainConfig) -> Path:
 
 def _check_fresh_run_dir(run_dir: Path) -> None:
     check_folder_path(run_dir, "--out_dir")
-    if run_dir.exists() and (not run_dir.is_dir() or any(run_dir.iterdir())):
+    if not run_dir.exists():
+        return
+    pid = holder(run_dir)
+    if pid is not None and pid != os.getpid():
+        raise UserError(f"{run_dir}: process {pid} is training in this run folder; choose another --out_dir")
+    if not run_dir.is_dir() or any(p.name != LOCK_FILE for p in run_dir.iterdir()):  # a lock file alone is no run
         if _stopped_before_first_checkpoint(run_dir):
             raise UserError(  # --resume would only say there is nothing to resume
                 f"{run_dir} already holds files but no checkpoint (a run stopped before its first one?); "
@@ -420,6 +498,10 @@ def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     saved = ckpt_io.read_config(ckpt).get("train")
     if not isinstance(saved, dict):
         raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")
+    try:
+        TrainConfig.from_dict(saved, complete=True)
+    except UserError as exc:
+        raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: bad training config ({exc})") from None
     model_overrides = {**saved.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
     # the saved out_dir is where the run was made; a run folder that was moved or copied resumes where it is now
     return TrainConfig.from_dict({**saved, "out_dir": None, **overrides, "model_overrides": model_overrides,

@@ -99,9 +99,9 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
                 run.evaluate_sample_save()
                 if run.stop_requested(stop, on_step, record):
                     break
+        return run.finish()
     finally:
-        run.reporter.close()
-    return run.finish()
+        run.close()
 
 
 def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: Dist,

@@ -106,7 +106,8 @@ class TrainConfig:
     eval_interval: int = 250
     """Evaluate every this many steps (and at the end); 0 evaluates only at the end."""
     eval_iters: int = 50
-    """Validation batches per evaluation."""
+    """Validation batches per evaluation: the estimate's noise shrinks as 1/sqrt(eval_iters), its
+    cost grows with it."""
     full_eval_windows: int = 4096
     """The last evaluation reads the whole validation split when it holds at most this many
     windows of block_size tokens (else it draws eval_iters batches like the others)."""
@@ -194,11 +195,15 @@ class TrainConfig:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "TrainConfig":
+    def from_dict(cls, values: dict[str, Any], complete: bool = False) -> "TrainConfig":
+        """The config of `values`; complete=True (a run's saved config) refuses a missing field too."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], "not a training config field")
+        missing = [f.name for f in fields(cls) if f.name not in values]
+        if complete and missing:
+            raise ConfigError(missing[0], "missing from the run's saved training config")
         return cls(**values)
 
 

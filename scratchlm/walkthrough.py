@@ -51,6 +51,29 @@ _FINAL_STEPS = [
 ]
 
 
+WALKTHROUGH_MAX_LINES = 3000
+"""The most lines `scratchlm walkthrough` prints: the walk is for hand-sized models; a bigger one
+is a wall of numbers nobody reads (smoke: about 50,000 lines of 1,000+ columns)."""
+
+WALKTHROUGH_MAX_ROW = 64
+"""The most numbers on one printed row."""
+
+
+def printed_size(cfg: GPTConfig, tokens: int) -> tuple[int, int]:
+    """(lines, numbers on the widest row) that format_walkthrough prints for `cfg` and `tokens`
+    ids, from the shapes alone (no model is built): a line per row of every weight matrix, then
+    per step a line per row (per head for the (H, T, .) steps)."""
+    with torch.device("meta"):
+        params = list(GPT(cfg).named_parameters())
+    lines = 8 + sum(p.shape[0] if p.dim() == 2 else 1 for _, p in params) + len(params)  # 8: headings
+    widest = max(p.shape[-1] for _, p in params)
+    per_head = {"q", "k", "v", "scores", "masked_scores", "weights", "heads"}
+    block = sum(cfg.n_head * (tokens + 1) if key in per_head else tokens for key, _ in _BLOCK_STEPS)
+    lines += cfg.n_layer * (block + 2 * len(_BLOCK_STEPS) + 2) + (len(_GLOBAL_STEPS) + len(_FINAL_STEPS)) * (tokens + 2)
+    widest = max(widest, cfg.vocab_size, cfg.mlp_hidden, tokens)
+    return lines, widest
+
+
 def walkthrough_model(preset: str = "hand", seed: int = 0, init: str = "hand",
                       dtype: torch.dtype = torch.float64) -> GPT:
     """The preset's model with weights a learner can multiply by hand.

@@ -74,6 +74,8 @@ def tree_hashes(folder: Path) -> dict[str, str]:
             out[rel] = "link:" + os.readlink(p)
         elif p.is_dir():
             out[rel] = "dir"
+        elif not p.is_file():  # a FIFO: reading it would wait for a writer
+            out[rel] = "special"
         else:
             out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
     return out
@@ -170,6 +172,29 @@ def _hf_dir(config: dict | str | None, weights: str = "safetensors", shape_bug: 
             state["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(16, 32)  # GPT-2 needs (16, 64)
         save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
     return setup
+
+
+def _run_data(edit: Callable[[str], str]) -> Callable[[Path, Path], None]:
+    """A setup that writes d/g.txt: the text the tiny run was trained on, edited."""
+    def setup(d: Path, run: Path) -> None:
+        (d / "g.txt").write_text(edit((run.parent / "text.txt").read_text(encoding="utf-8")), encoding="utf-8")
+    return setup
+
+
+def _fifo(d: Path, run: Path) -> None:
+    os.mkfifo(d / "fifo")
+
+
+def _drop_field(section: str, name: str) -> Callable[[Path], None]:
+    return _edit_config(lambda c: c[section].pop(name))
+
+
+def _pickle_protocol_4(d: Path, run: Path) -> None:
+    import pickle
+
+    _hf_dir({}, weights="none")(d, run)
+    with open(d / "hf" / "pytorch_model.bin", "wb") as f:
+        pickle.dump({"transformer.wte.weight": torch.zeros(50, 16)}, f, protocol=4)
 
 
 def _setups(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None]:
@@ -276,7 +301,19 @@ CASES = [
     Case("resume: with another optimizer", ["train", "--resume", "{d}/run", "--optimizer", "muon"],
          ["--optimizer adamw", "same optimizer"], _with_run()),
     Case("resume: data with more characters than the model", ["train", "--resume", "{d}/run", "--data", "{d}/wide.txt"],
-         ["vocabulary"], _setups(_with_run(), _files(wide_dot_txt="".join(chr(c) for c in range(0x400, 0x480)) * 10))),
+         ["data changed", "wide.txt"], _setups(_with_run(), _files(wide_dot_txt="".join(chr(c) for c in range(0x400, 0x480)) * 10))),
+    Case("resume: the data file changed in place (same size)",
+         ["train", "--resume", "{d}/run", "--data", "{d}/g.txt", "--max_steps", "6"], ["data changed", "sha256", "g.txt"],
+         _setups(_with_run(), _run_data(lambda t: t.replace("e", "o")))),
+    Case("resume: text appended to the data", ["train", "--resume", "{d}/run", "--data", "{d}/g.txt", "--max_steps", "6"],
+         ["data changed", "bytes"], _setups(_with_run(), _run_data(lambda t: t + "The king speaks.\n"))),
+    Case("resume: training config without a field", ["train", "--resume", "{d}/run", "--max_steps", "6"],
+         ["config.json", "lr", "missing"], _with_run(_drop_field("train", "lr"))),
+    Case("resume: --data /dev/null", ["train", "--resume", "{d}/run", "--data", "/dev/null"],
+         ["/dev/null", "not a regular file"], _with_run()),
+    Case("train: --data is a FIFO", [*TRAIN, "--data", "{d}/fifo"], ["fifo", "not a regular file"], _fifo),
+    Case("train: a model too big for this machine", [*TRAIN, "--n_embd", "1048576", "--n_layer", "64", "--n_head", "1"],
+         ["parameters", "free", "n_embd"], TEXT),
     # --- generate
     Case("generate: checkpoint is a regular file", [*GEN[:2], "{d}/t.txt", *GEN[3:]], ["t.txt", "no checkpoint"], TEXT),
     Case("generate: weights file missing", GEN_CKPT, ["model.safetensors", "missing"],
@@ -304,6 +341,30 @@ CASES = [
     Case("generate: prompt file is a folder", [*GEN[:3], "--prompt-file", "{d}/run", *GEN[5:]], ["--prompt-file", "run"], _with_run()),
     *([] if torch.cuda.is_available() else [  # on a machine with CUDA this is no error
         Case("generate: --device cuda without CUDA", [*GEN, "--device", "cuda"], ["cuda", "--device cpu"], _with_run())]),
+    Case("generate: config.json without activation", GEN, ["config.json", "activation", "missing"],
+         _with_run(_drop_field("model", "activation"))),
+    Case("generate: config.json without n_head", GEN, ["config.json", "n_head", "missing"],
+         _with_run(_drop_field("model", "n_head"))),
+    Case("generate: vocab_size 10**12 in config.json", GEN, ["parameters", "free", "vocab_size"],
+         _with_run(_edit_config(lambda c: c["model"].update(vocab_size=10**12)))),
+    Case("generate: --device potato", [*GEN, "--device", "potato"], ["--device potato", "not a device"], _with_run()),
+    Case("generate: --device mps where there is none", [*GEN, "--device", "mps"], ["--device mps", "not available"],
+         _with_run()),
+    Case("generate: --prompt-file /dev/zero", [*GEN[:3], "--prompt-file", "/dev/zero", *GEN[5:]],
+         ["--prompt-file", "/dev/zero", "longer than"], _with_run()),
+    Case("generate: a Hugging Face folder", [*GEN[:2], "{d}/hf", *GEN[3:]], ["Hugging Face", "import-hf"], _hf_dir({})),
+    # --- plot, attention, walkthrough
+    Case("plot: --out onto the training log", ["plot", "{d}/run", "--out", "{d}/run/metrics.jsonl"],
+         ["metrics.jsonl", ".png", "--force"], _with_run()),
+    Case("plot: --out a folder", ["plot", "{d}/run", "--out", "{d}/run"], ["--out", "is a folder"], _with_run()),
+    Case("plot: a log that is not UTF-8", ["plot", "{d}/run"], ["metrics.jsonl", "not UTF-8"],
+         _with_run(lambda c: (c.parent / "metrics.jsonl").write_bytes(b'{"event": "train"}\n\xff\xfe\x00bad\n'))),
+    Case("attention: --dpi 100000", ["attention", "--checkpoint", "{d}/run", "--prompt", "the king", "--out", "{d}/a.png",
+                                     "--dpi", "100000"], ["--dpi", "100000"], _with_run()),
+    Case("attention: --out onto a text file", ["attention", "--checkpoint", "{d}/run", "--prompt", "the king", "--out",
+                                               "{d}/t.txt"], ["t.txt", ".png"], _setups(_with_run(), TEXT)),
+    Case("walkthrough: --preset smoke", ["walkthrough", "--preset", "smoke"], ["smoke", "lines", "--preset hand"]),
+    Case("walkthrough: --preset gpt2-124m", ["walkthrough", "--preset", "gpt2-124m"], ["gpt2-124m", "lines"]),
     # --- inspect
     Case("inspect: unknown preset", ["inspect", "--preset", "gpt5"], ["preset", "gpt5"]),
     Case("inspect: --seq-len beyond the context", ["inspect", "--checkpoint", "{d}/run", "--seq-len", "1000"],
@@ -328,6 +389,8 @@ CASES = [
     Case("import-hf: n_embd not divisible by n_head", ["import-hf", "{d}/hf", "{d}/out"], ["n_embd", "n_head"],
          _hf_dir({"n_head": 3})),
     Case("import-hf: a regular file", ["import-hf", "{d}/t.txt", "{d}/out"], ["t.txt", "not a directory"], TEXT),
+    Case("import-hf: a pickle of protocol 4", ["import-hf", "{d}/hf", "{d}/out"], ["hf", "refused", "weights-only"],
+         _pickle_protocol_4),
     Case("import-hf: into a non-empty folder", ["import-hf", "{d}/hf", "{d}/out"], ["out", "not empty"],
          _setups(_hf_dir({}), _files(out__keep_dot_txt="mine"))),
     # --- the same errors under --debug: a traceback that ends in the UserError
@@ -359,7 +422,7 @@ def _run_case(case: Case, d: Path, run: Path, cache: Path) -> Outcome:
     case.setup(d, run)
     before = tree_hashes(d)
     argv = [a.format(d=d) for a in case.argv]
-    env = {**os.environ, "SCRATCHLM_CACHE": str(cache), "PYTHONWARNINGS": "ignore"}
+    env = {**os.environ, "SCRATCHLM_CACHE": str(cache)}  # warnings shown: they would be more stderr lines
     proc = subprocess.run([sys.executable, "-m", "scratchlm", *(["--debug"] if case.debug else []), *argv],
                           cwd=d, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
     return Outcome(proc.returncode, proc.stderr, before, tree_hashes(d))
@@ -373,6 +436,8 @@ DEFAULT_TIER = {c.name for c in CASES if c.argv[0] == "prepare"} | {
     "generate: a tensor of the wrong shape", "generate: tokenizer larger than the model",
     "inspect: --seq-len beyond the context", "export-hf: into a non-empty folder", "import-hf: a folder that is not GPT-2",
     "import-hf: a weight of the wrong shape", "debug: generate, weights file missing",
+    "resume: the data file changed in place (same size)", "generate: config.json without activation",
+    "plot: --out onto the training log", "walkthrough: --preset smoke",
 }
 
 

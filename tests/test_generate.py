@@ -112,6 +112,12 @@ def test_generation_restores_training_mode_and_needs_no_grad():
     b = generate_ids(model, idx, max_new_tokens=30, greedy=True)
     assert torch.equal(a, b)  # dropout was off while generating
     assert model.training
+    # no graph is built: every step runs under inference mode, on the model itself (few steps)
+    # and on its decoding copy (MUTATION, issue 21: @torch.inference_mode() removed passed)
+    for steps in (3, 30):
+        for _, logits in iter_tokens(model, idx, max_new_tokens=steps, greedy=True, use_cache=steps > 3):
+            assert logits.is_inference() and not logits.requires_grad and logits.grad_fn is None
+    assert all(p.grad is None for p in model.parameters())
 
 
 # --------------------------------------------------------------------------------------------
@@ -439,3 +445,34 @@ def test_cli_reads_the_prompt_from_stdin(char_checkpoint):
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout == "hag\n" + tok.decode(ids) + "\n"
+
+
+def test_a_model_wider_than_its_tokenizer_only_chooses_ids_the_tokenizer_has():
+    """A padded vocabulary (here 13 ids with text plus 11 without, favoured by the head's bias):
+    every generation path chooses among the tokenizer's ids, with the tokens the model's own
+    scores cut to those ids give, and never fails on an id it cannot decode."""
+
+    class Strict(LettersTokenizer):
+        def decode(self, ids) -> str:
+            return "".join(self.alphabet[i] if i < len(self.alphabet) else "" if i < self.vocab_size else 1 / 0
+                           for i in ids)
+
+    tok = Strict(eos_id=-1)  # no end token: every sample runs its full length
+    model = _model(seed=21, vocab_size=24)
+    with torch.no_grad():
+        model.lm_head.bias[tok.vocab_size :] = 5.0  # the ids past the tokenizer would win every step
+    prompt = tok.encode("abc")
+    block = model.config.block_size
+    with torch.no_grad():  # by hand: the plain loop over the cut scores
+        ids = list(prompt)
+        for _ in range(10):
+            logits, _ = model(torch.tensor([ids[-block:]]))
+            ids.append(int(logits[0, -1, : tok.vocab_size].argmax()))
+    want = ids[len(prompt) :]
+    for use_cache in (True, False):
+        assert generate(model, tok, "abc", max_new_tokens=10, greedy=True, use_cache=use_cache).ids == want
+    sampled = generate(model, tok, "abc", max_new_tokens=30, temperature=2.0, num_samples=4, seed=0)
+    assert all(max(row) < tok.vocab_size for row in sampled.all_ids)
+    beams = generate(model, tok, "abc", max_new_tokens=6, beams=3, num_samples=3)
+    assert all(max(row) < tok.vocab_size for row in beams.all_ids)
+    assert "".join(stream(model, tok, "abc", max_new_tokens=10, greedy=True)) == tok.decode(want)

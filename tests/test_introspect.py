@@ -392,3 +392,21 @@ def test_missing_font_falls_back_with_one_warning(tmp_path, monkeypatch):
         amaps.save_figure(fig, tmp_path / "x.png")
     assert len(caught) == 1 and "no installed font" in str(caught[0].message)
     assert (tmp_path / "x.png").stat().st_size > 0
+
+
+@pytest.mark.parametrize("overrides", [dict(), dict(pos_embedding="rope", n_head=1), dict(n_layer=2, n_head=1),
+                                       dict(norm_position="post", activation="swiglu", n_embd=4, n_head=2),
+                                       dict(vocab_size=12, n_embd=8, n_head=4, n_layer=3, block_size=6)])
+def test_walkthrough_size_is_known_before_it_is_computed(overrides):
+    """printed_size (which the CLI checks before any work) gives the lines format_walkthrough
+    prints and the widest row's numbers, from the config alone; counted here on the output."""
+    from scratchlm.walkthrough import printed_size, walkthrough_of, format_walkthrough
+
+    cfg = GPTConfig.from_name("hand", **overrides)
+    torch.manual_seed(0)
+    ids = [1, 2, 0][: cfg.block_size]
+    lines = format_walkthrough(walkthrough_of(GPT(cfg).double(), ids)).split("\n")
+    import re
+
+    widest = max(len(group.split()) for line in lines for group in re.findall(r"\[([^\]]*)\]", line))
+    assert printed_size(cfg, len(ids)) == (len(lines), widest)

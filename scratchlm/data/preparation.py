@@ -149,6 +149,8 @@ def _resolve_sources(cfg: DataConfig) -> list[_Source]:
         elif path.is_file():
             kind = path.suffix[1:] if path.suffix in (".jsonl", ".parquet") else "txt"
             sources.append(_Source(path, kind))
+        elif path.exists():  # /dev/null, a FIFO, a socket: no size to hash, or a read that may never end
+            raise UserError(f"{path}: not a regular file or folder; give a text, .jsonl or .parquet file (or a folder of them)")
         else:
             raise UserError(f"{path}: no such file or folder")
     return sources

@@ -1,0 +1,129 @@
+"""One writer per run folder.
+
+`scratchlm train` holds an exclusive lock on RUN/.lock (flock) from before it writes anything in
+the run folder until it ends. The operating system drops the lock when the process ends, however
+it ends, so a `kill -9` never leaves a stale lock behind: the next writer simply takes it. A
+second writer is refused with one line naming the holder's PID (written into the file). Readers
+(`generate`, `plot`, `inspect`) never take it: a checkpoint appears whole or not at all, and
+`latest` changes in one rename, so a reader needs no lock to see a consistent run.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+from scratchlm.errors import UserError
+
+LOCK_FILE = ".lock"
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; a run folder there is not protected
+    fcntl = None
+
+
+class RunLock:
+    """The lock of one run folder (see the module's docstring). `acquire` makes the folder when it
+    does not exist yet; `release` (on a clean end, or an error) removes the lock file, and the
+    folders `acquire` made if nothing else was written in them, so a run that failed to start
+    leaves nothing behind."""
+
+    def __init__(self, run_dir: Path | str):
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / LOCK_FILE
+        self._fd: int | None = None
+        self._made: list[Path] = []  # folders acquire created, deepest last
+
+    def acquire(self) -> "RunLock":
+        missing = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
+        try:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UserError(f"{self.run_dir}: cannot make the run folder ({exc.strerror or exc}); "
+                            "choose another --out_dir") from None
+        self._made = list(reversed(missing))
+        while True:
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError as exc:
+                self._remove_made()
+                raise UserError(f"{self.run_dir}: cannot write in the run folder ({exc.strerror or exc}); "
+                                "training would fail at its first save. Fix the folder's permissions or "
+                                "choose another") from None
+            if fcntl is None:
+                break
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as exc:
+                holder = _read_pid(fd)
+                os.close(fd)
+                if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
+                    raise
+                who = f"process {holder}" if holder else "another process"
+                raise UserError(f"{self.run_dir}: {who} is training in this run folder; wait for it to end "
+                                f"(or stop it) before writing here again") from None
+            # the holder before us may have removed the file between our open and our lock:
+            # then we hold a lock on a file nobody else can find, so take the new one instead
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                break
+            os.close(fd)
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)  # while still held: nobody can take the old file after this
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+        self._remove_made()
+
+    def _remove_made(self) -> None:
+        for folder in reversed(self._made):  # the run folder first, then the parents made for it
+            try:
+                folder.rmdir()  # only when empty
+            except OSError:
+                break
+        self._made = []
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text.isdigit() else None
+    except OSError:
+        return None
+
+
+def holder(run_dir: Path | str) -> int | None:
+    """The PID of the process training in `run_dir`, or None when nobody is."""
+    path = Path(run_dir) / LOCK_FILE
+    if fcntl is None or not path.is_file():
+        return None
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _read_pid(fd)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

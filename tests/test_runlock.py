@@ -1,0 +1,144 @@
+"""One writer per run folder (scratchlm.runlock), readers without a lock.
+
+Real `python -m scratchlm train` processes: a second writer is refused with one line naming the
+first one's PID; a writer killed with SIGKILL leaves no lock that blocks the next one; and a
+reader that loads `latest` and generates in a loop while training writes 20 checkpoints always
+finds a whole checkpoint, whose text equals what that checkpoint gives when loaded afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scratchlm.runlock import LOCK_FILE, RunLock, holder
+from scratchlm.errors import UserError
+
+from test_bad_input import train_tiny_run
+
+
+def _resume(run: Path, cache: Path, max_steps: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "scratchlm", "train", "--resume", str(run), "--max_steps", str(max_steps),
+            "--checkpoint_interval", "1", "--data_cache", str(cache), *extra]
+
+
+def _env(base: Path) -> dict:
+    return {**os.environ, "SCRATCHLM_CACHE": str(base / "cache")}
+
+
+def _wait_for(condition, seconds: float = 120.0) -> None:
+    end = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > end:
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
+    """In-process: a second RunLock on the same folder is refused naming this PID; releasing
+    removes the lock file and the folder it made; a holder that died leaves a file that no
+    longer blocks."""
+    run = tmp_path / "a" / "run"
+    first = RunLock(run).acquire()
+    assert (run / LOCK_FILE).read_text().strip() == str(os.getpid()) and holder(run) == os.getpid()
+    with pytest.raises(UserError, match=f"process {os.getpid()} is training"):
+        RunLock(run).acquire()
+    first.release()
+    assert not run.exists() and not (tmp_path / "a").exists()  # nothing was written: the folders go too
+    # a holder killed with SIGKILL: its lock file stays, unlocked
+    code = f"import os; from scratchlm.runlock import RunLock; RunLock({str(run)!r}).acquire(); os.kill(os.getpid(), 9)"
+    subprocess.run([sys.executable, "-c", code], check=False)
+    assert (run / LOCK_FILE).is_file() and holder(run) is None
+    with RunLock(run):
+        assert holder(run) == os.getpid()
+
+
+@pytest.mark.slow
+def test_a_second_writer_is_refused_and_a_killed_one_blocks_nobody(tmp_path):
+    base = tmp_path
+    run = train_tiny_run(base, base / "run")
+    env = _env(base)
+    first = subprocess.Popen(_resume(run, base / "data", 100000, "--progress", "lines", "--threads", "1"), env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(lambda: holder(run) == first.pid)
+        before = sorted(p.name for p in run.iterdir())
+        second = subprocess.run(_resume(run, base / "data", 100000), env=env, capture_output=True, text=True, timeout=240)
+        lines = second.stderr.strip().splitlines()
+        assert second.returncode == 2 and len(lines) == 1, second.stderr
+        assert lines[0].startswith("error: ") and f"process {first.pid} is training" in lines[0]
+        fresh = subprocess.run([sys.executable, "-m", "scratchlm", "train", "--out_dir", str(run), "--data",
+                                str(base / "text.txt"), "--tokenizer", "char"], env=env, capture_output=True, text=True,
+                               timeout=240)
+        assert fresh.returncode == 2 and f"process {first.pid} is training" in fresh.stderr, fresh.stderr
+        assert set(before) <= {p.name for p in run.iterdir()}  # the refused ones removed nothing
+    finally:
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+    assert (run / LOCK_FILE).is_file() and holder(run) is None  # the file stays; the lock died with the process
+    step = int((run / "latest").read_text().split("-")[1])
+    again = subprocess.run(_resume(run, base / "data", step + 2), env=env, capture_output=True, text=True, timeout=240)
+    assert again.returncode == 0, again.stderr
+    assert (run / "latest").read_text().strip() == f"ckpt-{step + 2:08d}"
+    assert not (run / LOCK_FILE).exists()  # released on a clean end
+
+
+@pytest.mark.slow
+def test_a_reader_generating_from_latest_during_training_always_finds_a_whole_checkpoint(tmp_path):
+    import torch
+
+    from scratchlm.checkpoint import load_model
+    from scratchlm.generate import generate
+
+    base = tmp_path
+    run = train_tiny_run(base, base / "run")
+    start = int((run / "latest").read_text().split("-")[1])
+    writer = subprocess.Popen(_resume(run, base / "data", start + 20, "--threads", "1", "--progress", "quiet"),
+                              env=_env(base), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    torch.set_num_threads(1)
+    seen: list[tuple[Path, str]] = []
+    try:
+        while writer.poll() is None:
+            model, tokenizer, info = load_model(run)  # `latest`, whatever it names now
+            seen.append((info["checkpoint"], generate(model, tokenizer, "the", max_new_tokens=12, greedy=True).text))
+    finally:
+        _, err = writer.communicate(timeout=240)
+    assert writer.returncode == 0, err
+    assert (run / "latest").read_text().strip() == f"ckpt-{start + 20:08d}"
+    during = {ckpt.name for ckpt, _ in seen}
+    assert len(during) >= 3, f"the reader saw only {sorted(during)}: too few to show reads during writes"
+    for ckpt, text in seen:  # each checkpoint read while training wrote, loaded again now
+        model, tokenizer, _ = load_model(ckpt)
+        assert generate(model, tokenizer, "the", max_new_tokens=12, greedy=True).text == text, ckpt.name
+
+
+def test_a_read_only_run_folder_is_refused_before_training(tmp_path):
+    """Resuming a run on a read-only file system: one line before any step (the lock is the
+    first write), not a failure at the first save after the work. Root ignores chmod, so the
+    run sits on a small tmpfs remounted read-only (skipped where mounting is not allowed)."""
+    import shutil
+
+    base = tmp_path
+    run = train_tiny_run(base, base / "run")
+    mnt = base / "ro"
+    mnt.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mnt)], capture_output=True, text=True)
+    if proc.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({proc.stderr.strip() or 'mount failed'})")
+    try:
+        shutil.copytree(run, mnt / "run")
+        subprocess.run(["mount", "-o", "remount,ro", str(mnt)], check=True)
+        out = subprocess.run(_resume(mnt / "run", base / "data", 8), env=_env(base), capture_output=True, text=True,
+                             timeout=240)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1, out.stderr
+        assert "cannot write in the run folder" in lines[0] and "Read-only file system" in lines[0]
+        assert "step" not in lines[0]
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
