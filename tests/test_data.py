@@ -244,9 +244,16 @@ def test_prepare_documents_split_is_seeded_and_whole(tmp_path):
     val = [tok.decode(d) for d in _documents_of(read_shard(a / "val.bin").tolist(), tok.bos_id)]
     assert len(val) == 3 and sorted(train + val) == sorted(docs)
     assert train == [d for d in docs if d in train]  # original order kept
-    other = prepare(DataConfig(**{**cfg.to_dict(), "seed": 6}), tmp_path / "c", progress=False)
-    other_val = {tok.decode(d) for d in _documents_of(read_shard(other / "val.bin").tolist(), tok.bos_id)}
-    assert len(other_val) == 3  # a different seed draws its own 3 (it may coincide, so no inequality check)
+    # "seeded" as documented: validation holds the documents the seed's permutation lists first
+    # (np.random.default_rng(seed).permutation(n)[:n_val]), so each seed draws its own set
+    # (MUTATION, issue 21: the last 3 documents, no RNG, passed the old determinism-only check)
+    drawn = []
+    for seed in (5, 6, 7, 8):
+        out = prepare(DataConfig(**{**cfg.to_dict(), "seed": seed}), tmp_path / f"seed{seed}", progress=False)
+        got = {tok.decode(d) for d in _documents_of(read_shard(out / "val.bin").tolist(), tok.bos_id)}
+        assert got == {docs[i] for i in np.random.default_rng(seed).permutation(len(docs))[:3]}, seed
+        drawn.append(frozenset(got))
+    assert set(val) == drawn[0] and len(set(drawn)) > 1
 
 
 def test_prepare_uint32_when_the_vocabulary_needs_it(tmp_path):

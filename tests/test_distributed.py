@@ -76,11 +76,22 @@ def test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint(tmp_path
     except ImportError:
         pytest.skip("this torch build has no FSDP2 (torch.distributed.fsdp.fully_shard)")
 
+    import torch
+
     run = tmp_path / "fsdp"
-    _run(["--data", str(text), "--data_cache", str(tmp_path / "data"), "--max_steps", "8", "--batch_size", "4",
-          "--fsdp", "--out_dir", str(run), *TINY], tmp_path, nproc=2)
-    losses = _losses(run)
-    assert sorted(losses) == list(range(1, 9))
+    common = ["--data", str(text), "--data_cache", str(tmp_path / "data"), "--max_steps", "8", *TINY]
+    _run([*common, "--batch_size", "4", "--fsdp", "--out_dir", str(run)], tmp_path, nproc=2)
+    _run([*common, "--batch_size", "8", "--out_dir", str(tmp_path / "one")], tmp_path, nproc=1)
+    losses, single = _losses(run), _losses(tmp_path / "one")
+    assert sorted(losses) == sorted(single) == list(range(1, 9))
+    # sharded, the two processes still take one optimizer step on the whole batch: the losses
+    # of one process with twice the batch, step for step (MUTATION, issue 21: apply_fsdp
+    # returning the model unwrapped trained each process on its half and passed the old test)
+    for step in losses:
+        assert abs(losses[step] - single[step]) <= 1e-5, (step, losses[step], single[step])
     assert losses[8] < losses[1] - 0.3
     model, _, info = ck.load_model(run)  # gathered into full tensors, not shards
+    reference, _, _ = ck.load_model(tmp_path / "one")
     assert info["step"] == 8 and model.transformer.wte.weight.shape[1] == 32
+    for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)

@@ -178,12 +178,35 @@ def test_too_many_bad_steps_stop_with_step_and_last_checkpoint(tmp_path, monkeyp
     assert ck.load_model(tmp_path / "run")[2]["step"] == 6  # the bad steps were never saved
 
 
-def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path):
+def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path, monkeypatch):
+    """Each switch shown by what is only true when it is on (MUTATION, issue 21: autocast as a
+    null context and checkpointing off passed the old "finite and falling" test): bfloat16
+    autocast moves the losses off float32's, within a bound; checkpointing runs every block's
+    forward a second time in the backward pass (counted)."""
+    from scratchlm import model as model_module
+
+    calls = []
+    forward = model_module.Block.forward
+
+    def counted(self, *args, **kwargs):
+        if self.training and torch.is_grad_enabled():
+            calls.append(1)
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(model_module.Block, "forward", counted)
     data = write_text(tmp_path / "text.txt")
     result = train(tiny_config(tmp_path, data, max_steps=6, dtype="bfloat16", activation_checkpointing=True,
                                eval_interval=0))
+    checkpointed = len(calls)
+    calls.clear()
+    plain = train(tiny_config(tmp_path, data, max_steps=6, dtype="float32", eval_interval=0,
+                              out_dir=str(tmp_path / "fp32")))
+    layers = TINY_MODEL["n_layer"]
+    assert len(calls) == 6 * layers and checkpointed == 2 * 6 * layers
     assert all(math.isfinite(v) for v in result.losses.values())
     assert result.losses[6] < result.losses[1]
+    gaps = [abs(result.losses[s] - plain.losses[s]) for s in range(1, 7)]
+    assert 0 < max(gaps) < 0.05, gaps  # bfloat16's rounding shows, and stays small
 
 
 @pytest.mark.parametrize("native", ["0", "1"])

@@ -1,0 +1,298 @@
+"""Mutation testing: change one thing in a module, run the tests that should notice, repeat.
+
+    python scripts/mutate.py sampling                 # every mutant of scratchlm/sampling.py
+    python scripts/mutate.py model --max 60 --seed 1  # 60 of them, drawn at random
+    python scripts/mutate.py generate --list          # only list the mutants
+
+Each mutant is one small edit of the module's source, found from its syntax tree: an arithmetic
+or comparison operator swapped (+ and -, * and /, < and <=, == and !=, ...), `and` for `or`, a
+`not` dropped, a number nudged (0 to 1, n to n + 1, a float times 1.5), True for False, a return
+value replaced by None, a call made for its effect removed. The module is edited in a copy of the
+package (the checkout is never touched), the module's fast tests run against the copy in a
+fresh `pytest -x` process, and the mutant is killed when they fail (or hang past --timeout, also
+counted as killed and marked). Survivors are printed with their line and edit: each is a gap in
+the tests, or an equivalent mutant (an edit that changes nothing observable), to be told apart
+by reading it.
+
+Not part of CI. Cost: one pytest process per mutant (about 3 s to import torch, plus the tests),
+two at a time: a module of ~100 mutants with fast tests takes a few minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+MODULES: dict[str, tuple[str, list[str]]] = {
+    # name: (file under scratchlm/, the tests that should notice a change to it)
+    "model": ("model.py", ["tests/test_model.py", "tests/test_reference.py"]),
+    "sampling": ("sampling.py", ["tests/test_sampling.py"]),
+    "generate": ("generate.py", ["tests/test_generate.py"]),
+    "fused_loss": ("fused_loss.py", ["tests/test_fused_loss.py"]),
+    "train": ("train.py", ["tests/test_train.py", "-m", "not slow"]),
+    "checkpoint": ("checkpoint.py", ["tests/test_checkpoint.py"]),
+    "data": ("data/preparation.py", ["tests/test_data.py"]),
+}
+
+HAND_MUTATIONS = [
+    # (name, file, old text, new text, tests): the mutations of issue 21, each of which passed the
+    # suite once; `--hand` applies each and names the tests that now fail it
+    ("cached step fed the previous token", "generate.py",
+     "return decoder.last_logits(seq[:, -1:], cache)", "return decoder.last_logits(seq[:, -2:-1], cache)",
+     ["tests/test_decoding.py::test_bfloat16_cached_steps_match_the_uncached_loop",
+      "tests/test_decoding.py::test_generate_text_in_bfloat16_and_on_the_command_line"]),
+    ("apply_fsdp returns the model unwrapped", "distributed.py",
+     "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n",
+     "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n    return model\n",
+     ["tests/test_distributed.py::test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint"]),
+    ("autocast a null context, checkpointing off", "evaluation.py",
+     "def autocast(device: torch.device, dtype: str):\n",
+     "def autocast(device: torch.device, dtype: str):\n    return nullcontext()\n",
+     ["tests/test_train.py::test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu"]),
+    ("activation checkpointing off", "model.py",
+     "if self.gradient_checkpointing and self.training", "if False and self.gradient_checkpointing and self.training",
+     ["tests/test_train.py::test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu"]),
+    ("the 16-bit path's dh scaled by 0.75", "fused_loss.py",
+     "dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype)  # (n, C)",
+     "dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype) * (0.75 if compute_dtype != acc else 1.0)",
+     ["tests/test_fused_loss.py::test_bf16_autocast_is_close_to_float32_on_rounded_inputs"]),
+    ("the fused-loss flag ignored", "train.py",
+     "return_logits=not cfg.fused_loss", "return_logits=False",
+     ["tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses"]),
+    ("generation without inference mode", "generate.py",
+     "@torch.inference_mode()\ndef iter_tokens(", "def iter_tokens(",
+     ["tests/test_generate.py::test_generation_restores_training_mode_and_needs_no_grad"]),
+    ("validation = the last documents, no RNG", "data/preparation.py",
+     "is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True", "is_val[n_docs - n_val:] = True",
+     ["tests/test_data.py::test_prepare_documents_split_is_seeded_and_whole"]),
+]
+
+_SWAPS = {
+    ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
+    ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult,
+    ast.Lt: ast.LtE, ast.LtE: ast.Lt, ast.Gt: ast.GtE, ast.GtE: ast.Gt, ast.Eq: ast.NotEq, ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot, ast.IsNot: ast.Is, ast.In: ast.NotIn, ast.NotIn: ast.In,
+    ast.And: ast.Or, ast.Or: ast.And,
+}
+
+
+@dataclass
+class Mutant:
+    line: int
+    what: str
+    source: str  # the whole mutated module
+
+
+@dataclass
+class Outcome:
+    line: int
+    what: str
+    killed: bool
+    timed_out: bool
+    seconds: float
+
+
+def _docstring_nodes(tree: ast.AST) -> set[int]:
+    ids = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body:
+            first = node.body[0]
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+                ids.add(id(first))
+    return ids
+
+
+def _edits(node: ast.AST) -> list[tuple[str, ast.AST]]:
+    """(description, replacement node) for each mutation of `node` alone."""
+    out = []
+    if isinstance(node, ast.BinOp) and type(node.op) in _SWAPS:
+        new = _SWAPS[type(node.op)]()
+        out.append((f"{type(node.op).__name__} -> {type(new).__name__}", ast.BinOp(node.left, new, node.right)))
+    elif isinstance(node, ast.BoolOp):
+        new = _SWAPS[type(node.op)]()
+        out.append((f"{type(node.op).__name__} -> {type(new).__name__}", ast.BoolOp(new, node.values)))
+    elif isinstance(node, ast.Compare) and len(node.ops) == 1 and type(node.ops[0]) in _SWAPS:
+        new = _SWAPS[type(node.ops[0])]()
+        out.append((f"{type(node.ops[0]).__name__} -> {type(new).__name__}", ast.Compare(node.left, [new], node.comparators)))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        out.append(("not dropped", node.operand))
+    elif isinstance(node, ast.Constant) and isinstance(node.value, bool):
+        out.append((f"{node.value} -> {not node.value}", ast.Constant(not node.value)))
+    elif isinstance(node, ast.Constant) and isinstance(node.value, int):
+        out.append((f"{node.value} -> {node.value + 1}", ast.Constant(node.value + 1)))
+    elif isinstance(node, ast.Constant) and isinstance(node.value, float):
+        new = 1.0 if node.value == 0 else node.value * 1.5
+        out.append((f"{node.value} -> {new}", ast.Constant(new)))
+    elif isinstance(node, ast.Return) and node.value is not None and not (
+            isinstance(node.value, ast.Constant) and node.value.value is None):
+        out.append(("return value -> None", ast.Return(ast.Constant(None))))
+    elif isinstance(node, ast.Expr) and isinstance(node.value, ast.Call):
+        out.append(("call removed", ast.Pass()))
+    return out
+
+
+def mutants(path: Path) -> list[Mutant]:
+    """Every single-edit mutant of the module at `path` (docstrings, annotations and the
+    `if TYPE_CHECKING`-style imports are left alone)."""
+    text = path.read_text(encoding="utf-8")
+    lines = text.splitlines(keepends=True)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line))
+    tree = ast.parse(text)
+    skip = _docstring_nodes(tree)
+    annotations = set()
+    for node in ast.walk(tree):
+        for ann in [getattr(node, "annotation", None), getattr(node, "returns", None)]:
+            if ann is not None:
+                annotations.update(id(n) for n in ast.walk(ann))
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skip or id(node) in annotations or not hasattr(node, "lineno"):
+            continue
+        for what, replacement in _edits(node):
+            start = offsets[node.lineno - 1] + _char_col(lines[node.lineno - 1], node.col_offset)
+            end = offsets[node.end_lineno - 1] + _char_col(lines[node.end_lineno - 1], node.end_col_offset)
+            new_code = ast.unparse(replacement)
+            if isinstance(node, ast.expr):
+                new_code = f"({new_code})"
+            source = text[:start] + new_code + text[end:]
+            try:
+                compile(source, str(path), "exec")
+            except SyntaxError:
+                continue
+            found.append(Mutant(node.lineno, what, source))
+    found.sort(key=lambda m: (m.line, m.what))
+    return found
+
+
+def _char_col(line: str, byte_col: int) -> int:
+    """ast's col_offset counts UTF-8 bytes; the source string counts characters."""
+    return len(line.encode("utf-8")[:byte_col].decode("utf-8", errors="ignore"))
+
+
+def _mutated_checkout(workdir: Path, module_file: str, source: str) -> tuple[Path, Path]:
+    """(folder to remove, repository copy to run in): the package, tests, scripts and project file
+    copied, one module replaced by `source`, and ../shared linked as beside the checkout. The
+    tests run inside the copy, so `import scratchlm` finds the mutant (Python puts the working
+    folder first on sys.path) and never the checkout."""
+    base = Path(tempfile.mkdtemp(prefix="mutant-", dir=workdir))
+    copy = base / "repo"
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "results")
+    for name in ("scratchlm", "tests", "scripts", "benchmarks"):
+        shutil.copytree(REPO / name, copy / name, ignore=ignore)
+    shutil.copy2(REPO / "pyproject.toml", copy / "pyproject.toml")
+    if (REPO.parent / "shared").exists():
+        (base / "shared").symlink_to(REPO.parent / "shared")
+    (copy / "scratchlm" / module_file).write_text(source, encoding="utf-8")
+    return base, copy
+
+
+def _pytest(copy: Path, tests: list[str], timeout: float, *options: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, *tests],
+                          cwd=copy, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _run_one(mutant: Mutant, module_file: str, tests: list[str], timeout: float, workdir: Path) -> Outcome:
+    base, copy = _mutated_checkout(workdir, module_file, mutant.source)
+    start = time.perf_counter()
+    try:
+        proc = _pytest(copy, tests, timeout, "-x")
+        killed, timed_out = proc.returncode != 0, False
+        if proc.returncode == 5:
+            raise RuntimeError(f"no tests ran for {tests}")
+    except subprocess.TimeoutExpired:
+        killed, timed_out = True, True
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return Outcome(mutant.line, mutant.what, killed, timed_out, round(time.perf_counter() - start, 1))
+
+
+def _check_copy_is_used(module_file: str, tests: list[str], workdir: Path) -> None:
+    """The tests must import the copy, not the checkout: a module that raises on import must fail them."""
+    broken = Mutant(0, "import fails", "raise ImportError('mutation harness probe')\n")
+    if not _run_one(broken, module_file, tests, 600, workdir).killed:
+        raise RuntimeError("the tests did not import the mutated copy (is scratchlm installed non-editable "
+                           "somewhere that comes first on sys.path?)")
+
+
+def run_hand_mutations(workdir: Path) -> bool:
+    """Apply each of HAND_MUTATIONS alone; print the tests that fail it. True when every one fails some."""
+    _check_copy_is_used("sampling.py", MODULES["sampling"][1], workdir)
+    all_killed = True
+    for name, module_file, old, new, tests in HAND_MUTATIONS:
+        source = (REPO / "scratchlm" / module_file).read_text(encoding="utf-8")
+        if source.count(old) != 1:
+            raise RuntimeError(f"{name}: the text to change is not in scratchlm/{module_file} exactly once")
+        base, copy = _mutated_checkout(workdir, module_file, source.replace(old, new))
+        try:
+            proc = _pytest(copy, tests, 900, "-rf")
+        finally:
+            shutil.rmtree(base, ignore_errors=True)
+        failed = sorted({line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED ")})
+        all_killed &= bool(failed)
+        print(f"{'killed' if failed else 'SURVIVED'}: {name} ({module_file}){': ' + ', '.join(failed) if failed else ''}",
+              flush=True)
+    return all_killed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("module", nargs="?", choices=sorted(MODULES))
+    parser.add_argument("--hand", action="store_true", help="apply the hand-made mutations of HAND_MUTATIONS instead")
+    parser.add_argument("--max", type=int, default=None, help="mutants to run, drawn at random (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
+    parser.add_argument("--jobs", type=int, default=2, help="pytest processes at once (default: 2)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds before a mutant counts as hanging")
+    parser.add_argument("--list", action="store_true", help="list the mutants and stop")
+    parser.add_argument("--json", type=Path, default=None, help="also write the outcomes to this file")
+    args = parser.parse_args()
+    if args.hand:
+        with tempfile.TemporaryDirectory(prefix="scratchlm-mutate-") as tmp:
+            return 0 if run_hand_mutations(Path(tmp)) else 1
+    if args.module is None:
+        parser.error("give a module (or --hand)")
+    module_file, tests = MODULES[args.module]
+    found = mutants(REPO / "scratchlm" / module_file)
+    chosen = found if args.max is None or args.max >= len(found) else sorted(
+        random.Random(args.seed).sample(found, args.max), key=lambda m: (m.line, m.what))
+    if args.list:
+        for m in chosen:
+            print(f"{module_file}:{m.line}: {m.what}")
+        return 0
+    print(f"{module_file}: {len(found)} mutants, running {len(chosen)} against {' '.join(tests)}", flush=True)
+    with tempfile.TemporaryDirectory(prefix="scratchlm-mutate-") as tmp:
+        _check_copy_is_used(module_file, tests, Path(tmp))
+        start = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            outcomes = list(pool.map(lambda m: _run_one(m, module_file, tests, args.timeout, Path(tmp)), chosen))
+    survivors = [o for o in outcomes if not o.killed]
+    killed = len(outcomes) - len(survivors)
+    for o in survivors:
+        print(f"SURVIVED {module_file}:{o.line}: {o.what}")
+    hung = sum(o.timed_out for o in outcomes)
+    print(f"{args.module}: {killed}/{len(outcomes)} killed (score {killed / max(1, len(outcomes)):.0%}"
+          f"{f', {hung} by timeout' if hung else ''}) in {time.perf_counter() - start:.0f} s")
+    if args.json:
+        args.json.write_text(json.dumps({"module": args.module, "mutants": len(found), "run": len(outcomes),
+                                         "killed": killed, "outcomes": [asdict(o) for o in outcomes]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
