@@ -1,5 +1,39 @@
+from pathlib import Path
+
 import pytest
 import torch
+
+
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+"""Test and benchmark data beside the checkout (Tiny Shakespeare, GPT-2's tokenizer files)."""
+
+SHARED_MISSING = "shared data missing:"
+"""How a skip for lack of SHARED_DATA begins; the end of the run counts them out loud."""
+
+
+def needs_shared(relpath: str) -> pytest.MarkDecorator:
+    """Skip the test, with a reason the summary counts, when SHARED_DATA/relpath is missing."""
+    path = SHARED_DATA / relpath
+    return pytest.mark.skipif(not path.exists(), reason=f"{SHARED_MISSING} {path}")
+
+
+def shared_file(relpath: str) -> Path:
+    """SHARED_DATA/relpath, or skip the calling test as needs_shared does."""
+    path = SHARED_DATA / relpath
+    if not path.exists():
+        pytest.skip(f"{SHARED_MISSING} {path}")
+    return path
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """Tests skipped for lack of ../shared/data are counted at the very end, in red, so a clone
+    without it cannot pass quietly with fewer tests."""
+    missing = [r for r in terminalreporter.stats.get("skipped", []) if SHARED_MISSING in str(r.longrepr)]
+    if missing:
+        terminalreporter.write_sep("!", f"{len(missing)} tests did not run: {SHARED_DATA} is missing", red=True)
+        for report in missing:
+            terminalreporter.write_line(f"  not run: {report.nodeid}", red=True)
 
 
 @pytest.fixture

@@ -33,7 +33,9 @@ from scratchlm.data import (
 from scratchlm.errors import UserError
 from scratchlm.tokenizer import get_tokenizer, load_tokenizer, train_tokenizer
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA, needs_shared
+
+DATA = SHARED_DATA
 GPT2_DIR = DATA / "gpt2"
 REPO = Path(__file__).resolve().parents[1]
 
@@ -267,7 +269,7 @@ def test_prepare_uint32_when_the_vocabulary_needs_it(tmp_path):
     assert train.tolist() == [66_000] + list(range(66_000))  # BOS, then each character's sorted rank
 
 
-@pytest.mark.skipif(not GPT2_DIR.is_dir(), reason=f"GPT-2 tokenizer files not found at {GPT2_DIR}")
+@needs_shared("gpt2")
 def test_prepare_gpt2_offline(tmp_path):
     text = "Hello world\n" * 50
     _write(tmp_path / "t.txt", text)

@@ -12,7 +12,6 @@ import contextlib
 import io
 import math
 import struct
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -25,7 +24,9 @@ from scratchlm.errors import UserError
 from scratchlm.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
 from scratchlm.train_config import TrainConfig, cli_fields
 
-GPT2_RANKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2" / "gpt2.tiktoken"
+from conftest import SHARED_DATA, shared_file
+
+GPT2_RANKS = SHARED_DATA / "gpt2" / "gpt2.tiktoken"
 FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 
 # Any text hypothesis can make (every Unicode plane, no lone surrogates: those are not text in UTF-8),
@@ -70,9 +71,7 @@ def test_char_round_trip_and_unknown_characters(alphabet, data):
 
 @pytest.fixture(scope="module")
 def gpt2() -> GPT2Tokenizer:
-    if not GPT2_RANKS.is_file():
-        pytest.skip(f"{GPT2_RANKS} is missing (the shared data folder is not here)")
-    return GPT2Tokenizer.from_rank_file(GPT2_RANKS)
+    return GPT2Tokenizer.from_rank_file(shared_file("gpt2/gpt2.tiktoken"))
 
 
 @settings(max_examples=300, **FUZZ)

@@ -4,7 +4,6 @@ reference, beam search against an exhaustive search, and text in / text out."""
 from __future__ import annotations
 
 import itertools
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +14,8 @@ from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError
 from scratchlm.generate import IncrementalText, beam_search, generate, generate_ids, iter_tokens, stream
 from scratchlm.model import GPT
+
+from conftest import shared_file
 
 TINY = dict(vocab_size=23, block_size=16, n_layer=2, n_head=2, n_embd=32)
 
@@ -330,9 +331,7 @@ def test_real_tokenizers_stream_whole_characters(kind):
     if kind == "bpe":  # trained on ASCII only, so every non-ASCII character is split into bytes
         tok = tokenizer_module.train_tokenizer("bpe", ["the quick brown fox jumps over the lazy dog"] * 20, 300)
     else:
-        rank_file = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2" / "gpt2.tiktoken"
-        if not rank_file.is_file():
-            pytest.skip(f"GPT-2's rank file is missing ({rank_file})")
+        rank_file = shared_file("gpt2/gpt2.tiktoken")
         tok = tokenizer_module.get_tokenizer("gpt2", tokenizer_file=rank_file)
     text = "naïve café — 東京 🎉"
     ids = tok.encode(text)

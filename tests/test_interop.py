@@ -29,7 +29,9 @@ from scratchlm.interop import (
 )
 from scratchlm.model import GPT
 
-GPT2_RANK_FILE = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2" / "gpt2.tiktoken"
+from conftest import SHARED_DATA, needs_shared
+
+GPT2_RANK_FILE = SHARED_DATA / "gpt2" / "gpt2.tiktoken"
 
 
 def small_hf_config(**overrides) -> GPT2Config:
@@ -381,7 +383,7 @@ def test_char_tokenizer_is_left_out_with_a_warning(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not GPT2_RANK_FILE.is_file(), reason=f"GPT-2 rank file not found at {GPT2_RANK_FILE}")
+@needs_shared("gpt2/gpt2.tiktoken")
 def test_gpt2_tokenizer_exports_for_autotokenizer(tmp_path):
     from scratchlm.tokenizer import GPT2Tokenizer
 

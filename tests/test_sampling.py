@@ -333,3 +333,125 @@ def test_greedy_ids_takes_the_first_of_equal_maxima_row_by_row():
         assert got.dtype == torch.int64 and got.shape == (5,)
         assert got.tolist() == want
         assert want[1] == 7 and want[2] == 0 and want[3] == 299
+
+
+# --------------------------------------------------------------------------------------------
+# Closing what mutation testing walked through (python scripts/mutate.py sampling)
+# --------------------------------------------------------------------------------------------
+
+
+def test_max_new_tokens_bounds_are_exact():
+    from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT, check_max_new_tokens
+
+    for fine in (0, 1, MAX_NEW_TOKENS_LIMIT):
+        check_max_new_tokens(fine)
+    for bad in (-1, MAX_NEW_TOKENS_LIMIT + 1, True, 2.0, "3"):
+        with pytest.raises(ConfigError, match="max_new_tokens"):
+            check_max_new_tokens(bad)
+    model = _model(seed=3)
+    idx = torch.tensor([[1, 2]])
+    assert torch.equal(generate_ids(model, idx, max_new_tokens=0, greedy=True), idx)  # nothing added, no error
+
+
+def test_repetition_penalty_on_small_scores_and_nothing_seen_by_hand():
+    logits = torch.tensor([[0.5, -0.5, 0.0, 2.0]])
+    got = apply_repetition_penalty(logits, torch.tensor([[0, 1, 2]]), 2.0)
+    assert torch.equal(got, torch.tensor([[0.25, -1.0, 0.0, 2.0]]))  # 0.5 is positive: divided, not multiplied
+    nothing = torch.zeros(1, 0, dtype=torch.long)
+    assert torch.equal(apply_repetition_penalty(logits, nothing, 2.0), logits)
+    assert torch.equal(apply_repetition_penalty(logits, torch.tensor([[0]]), 1.0), logits)
+
+
+def test_temperature_by_hand():
+    from scratchlm.sampling import apply_temperature
+
+    logits = torch.tensor([[3.0, -1.5, 0.75]])
+    assert torch.equal(apply_temperature(logits, 1.5), logits / 1.5)
+    assert torch.equal(apply_temperature(logits, 0.5), logits / 0.5)
+    assert torch.equal(apply_temperature(logits, 1.0), logits)
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="greedy"):
+            apply_temperature(logits, bad)
+
+
+def test_top_k_on_a_single_row_by_hand():
+    """One row (B = 1 < k): the filter and the draw keep the k best of the row's V scores."""
+    logits = torch.tensor([[1.0, 5.0, 3.0, 4.0, 2.0]])
+    assert top_k_filter(logits, 2).tolist() == [[float("-inf"), 5.0, float("-inf"), 4.0, float("-inf")]]
+    assert torch.equal(top_k_filter(logits, 5), logits)
+    g = torch.Generator().manual_seed(0)
+    drawn = {int(choose_next(logits, top_k=2, temperature=3.0, generator=g)) for _ in range(200)}
+    assert drawn == {1, 3}
+
+
+def test_top_p_drops_the_token_whose_mass_above_equals_p():
+    """The documented rule, at its edge: a token stays while the mass ranked above it is < p,
+    so with p equal to the top token's probability (as computed) the second token goes."""
+    logits = torch.tensor([[2.0, 1.0, 0.5, -1.0]])
+    top = float(torch.softmax(logits, dim=-1)[0, 0])
+    kept = top_p_filter(logits, top).isfinite().tolist()[0]
+    assert kept == [True, False, False, False]
+    above = float(torch.nextafter(torch.tensor(top), torch.tensor(1.0)))  # p a hair above: the second stays
+    assert top_p_filter(logits, above).isfinite().tolist()[0] == [True, True, False, False]
+
+
+def test_greedy_ids_of_rows_numpy_cannot_take():
+    """bfloat16 rows and rows that require grad take torch's path: the same first-of-equal-maxima."""
+    from scratchlm.sampling import greedy_ids
+
+    rows = torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 1.0, 3.0, 3.0]])
+    assert greedy_ids(rows.bfloat16()).tolist() == [1, 0]
+    assert greedy_ids(rows.clone().requires_grad_()).tolist() == [1, 0]
+
+
+def test_float64_scores_are_drawn_at_float64_precision(monkeypatch):
+    """Two tokens 2e-12 apart around one half: float64 tells them apart, float32 cannot. A
+    uniform just below the first token's stretch end must land on it."""
+    logits = torch.tensor([[1e-12, -1e-12]], dtype=torch.float64)
+    first = float(torch.softmax(logits, dim=-1)[0, 0])
+    assert first > 0.5 and torch.tensor(first, dtype=torch.float32) == 0.5
+    u = (0.5 + first) / 2  # inside token 0's stretch, beyond what float32 can hold apart from 0.5
+    monkeypatch.setattr(torch, "rand", lambda shape, **kw: torch.full(shape, u, dtype=kw.get("dtype")))
+    assert sample(logits).tolist() == [0]
+
+
+def test_options_are_frozen_once_checked():
+    import dataclasses
+
+    options = SamplingOptions(top_p=0.9)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.top_p = 5.0  # a check passed once must stay true
+
+
+def test_the_edges_of_each_range():
+    for fine in (dict(top_p=1.0), dict(min_p=1.0), dict(min_p=0.0), dict(temperature=0.0)):
+        SamplingOptions(**fine)
+    for name, bad in (("top_p", 1.0001), ("min_p", 1.2), ("min_p", -1e-9)):
+        with pytest.raises(ConfigError, match=name):
+            SamplingOptions(**{name: bad})
+
+
+def test_unseeded_generators_draw_differently():
+    a, b = make_generator(None), make_generator(None)
+    assert not torch.equal(torch.rand(8, generator=a), torch.rand(8, generator=b))
+    c, d = make_generator(7), make_generator(7)
+    assert torch.equal(torch.rand(8, generator=c), torch.rand(8, generator=d))
+
+
+def test_a_single_row_keeps_tokens_tied_with_the_kth():
+    """One row at a time (as generation draws): ties with the k-th stay candidates."""
+    logits = torch.tensor([[3.0, 2.0, 2.0, 2.0, 0.0]])  # k = 2: tokens 1, 2 and 3 tie for second place
+    g = make_generator(1)
+    drawn = {int(choose_next(logits, top_k=2, temperature=5.0, generator=g)) for _ in range(300)}
+    assert drawn == {0, 1, 2, 3}
+
+
+def test_the_nucleus_reaches_p_when_the_big_tokens_fall_just_short():
+    """Two tokens hold 0.9 of the mass, many small ones the rest; with p a few millionths above
+    0.9 the nucleus needs a third token, though the two big ones hold p to within the 1e-5 margin
+    that only decides how many tokens to sort."""
+    logits = torch.cat([torch.tensor([5.0, 5.0]), torch.linspace(-2.0, -2.5, 40)])[None]
+    probs = torch.softmax(logits, dim=-1)
+    p = float(probs[0, :2].sum()) + 5e-6
+    kept = top_p_filter(logits, p).isfinite()[0]
+    assert int(kept.sum()) == 3 and bool(kept[:2].all())

@@ -4,7 +4,6 @@ implementation (Hugging Face's ByteLevelBPETokenizer over vocab.json/merges.txt)
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -23,10 +22,12 @@ from scratchlm.tokenizer import (
     train_tokenizer,
 )
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+from conftest import SHARED_DATA, needs_shared
+
+DATA = SHARED_DATA
 GPT2_DIR = DATA / "gpt2"
-needs_gpt2 = pytest.mark.skipif(not GPT2_DIR.is_dir(), reason=f"GPT-2 tokenizer files not found at {GPT2_DIR}")
-needs_tiny = pytest.mark.skipif(not (DATA / "tinyshakespeare.txt").is_file(), reason=f"{DATA}/tinyshakespeare.txt missing")
+needs_gpt2 = needs_shared("gpt2")
+needs_tiny = needs_shared("tinyshakespeare.txt")
 
 SMALL_TEXT = (
     "First Citizen:\nBefore we proceed any further, hear me speak.\n\n"

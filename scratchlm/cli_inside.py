@@ -1,0 +1,180 @@
+"""The commands that look inside a model or a run: `inspect`, `walkthrough`, `attention`, `plot`
+and `doctor`. scratchlm.cli builds the parser and calls `add_<name>` here for each; the `_run_<name>`
+functions do the work, as in scratchlm.cli."""
+
+from __future__ import annotations
+
+import json
+
+from scratchlm.errors import UserError, check_output_file
+
+ATTENTION_MEGAPIXELS = 200
+"""The largest attention picture drawn (about 800 MB of pixels in memory)."""
+
+
+def add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="shapes at every station, parameter counts, FLOPs and training memory of a model")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--preset", default=None, help="model preset name (default: smoke)")
+    src.add_argument("--checkpoint", metavar="DIR", help="a run or checkpoint directory to inspect instead")
+    p.add_argument("--batch-size", "-B", type=int, default=2, help="B of the traced batch (default: 2)")
+    p.add_argument("--seq-len", "-T", type=int, default=16, help="T of the traced batch (default: 16)")
+    p.add_argument("--train-batch", type=int, default=8, help="batch size for the memory estimate (default: 8)")
+    p.add_argument("--train-seq-len", type=int, default=None,
+                   help="context length for the FLOP and memory figures (default: the model's block_size)")
+    p.add_argument("--json", action="store_true", help="print the same report as JSON")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> int:
+    import json
+
+    from scratchlm.introspect import format_report, inspect_report
+
+    model = _load_model_for(args, default_preset="smoke")
+    cfg = model.config
+    for flag, value in (("--batch-size", args.batch_size), ("--seq-len", args.seq_len),
+                        ("--train-batch", args.train_batch), ("--train-seq-len", args.train_seq_len)):
+        if value is not None and value <= 0:
+            raise UserError(f"{flag} must be positive, got {value}")
+    if args.seq_len > cfg.block_size:
+        raise UserError(f"--seq-len {args.seq_len} exceeds the model's context length block_size={cfg.block_size}")
+    if args.train_seq_len is not None and args.train_seq_len > cfg.block_size:
+        raise UserError(f"--train-seq-len {args.train_seq_len} exceeds the model's context length block_size={cfg.block_size}")
+    report = inspect_report(model, args.batch_size, args.seq_len, args.train_batch, args.train_seq_len)
+    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    return 0
+
+
+def _load_model_for(args, default_preset: str):
+    """The model named by --checkpoint (a run or checkpoint dir) or --preset.
+
+    A preset is built on the meta device: shapes and counts need no weights, and seed-400m
+    then costs no memory and no initialisation time."""
+    if getattr(args, "checkpoint", None):
+        from scratchlm.checkpoint import load_model
+
+        model, _, _ = load_model(args.checkpoint)
+        return model
+    import torch
+
+    from scratchlm.config import GPTConfig
+    from scratchlm.model import GPT
+
+    cfg = GPTConfig.from_name(args.preset or default_preset)
+    with torch.device("meta"):
+        return GPT(cfg)
+
+
+def add_walkthrough(sub) -> None:
+    p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, torch beside the NumPy reference")
+    p.add_argument("--preset", default="hand", help="model preset (default: hand: T=3, C=2, H=2, V=5)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
+    p.add_argument("--ids", default=None,
+                   help="comma-separated token ids (default: 1,3,2)")
+    p.add_argument("--init", choices=("hand", "model"), default="hand",
+                   help="hand: weights are multiples of 0.1 in [-1, 1], biases 0 (default); model: the model's own init")
+    p.add_argument("--float32", action="store_true", help="compute in float32 instead of float64")
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    p.set_defaults(run=_run_walkthrough)
+
+
+def _run_walkthrough(args) -> int:
+    import json
+
+    import torch
+
+    from scratchlm.config import GPTConfig
+    from scratchlm.walkthrough import (WALKTHROUGH_IDS, WALKTHROUGH_MAX_LINES, WALKTHROUGH_MAX_ROW, format_walkthrough,
+                                       printed_size, walkthrough, walkthrough_json)
+
+    cfg = GPTConfig.from_name(args.preset)
+    ids = list(WALKTHROUGH_IDS)[: cfg.block_size]
+    if args.ids is not None:
+        try:
+            ids = [int(x) for x in args.ids.split(",") if x.strip()]
+        except ValueError:
+            raise UserError(f"--ids must be comma-separated whole numbers, got {args.ids!r}") from None
+    if not ids or len(ids) > cfg.block_size or any(not 0 <= i < cfg.vocab_size for i in ids):
+        raise UserError(f"--ids: give 1 to {cfg.block_size} ids in 0..{cfg.vocab_size - 1} for preset {args.preset}")
+    lines, widest = printed_size(cfg, len(ids))
+    if lines > WALKTHROUGH_MAX_LINES or widest > WALKTHROUGH_MAX_ROW:
+        raise UserError(f"--preset {args.preset}: the walkthrough would print about {lines:,} lines, up to {widest:,} "
+                        f"numbers wide (at most {WALKTHROUGH_MAX_LINES:,} and {WALKTHROUGH_MAX_ROW}); it is for "
+                        "hand-sized models: use --preset hand, or `scratchlm inspect` for shapes at any size")
+    w = walkthrough(ids, preset=args.preset, seed=args.seed, init=args.init,
+                    dtype=torch.float32 if args.float32 else torch.float64)
+    print(json.dumps(walkthrough_json(w), indent=1) if args.json else format_walkthrough(w))
+    return 0
+
+
+def add_attention(sub) -> None:
+    p = sub.add_parser("attention", help="attention heatmaps per layer and head for a prompt (PNG)")
+    p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or checkpoint directory")
+    p.add_argument("--prompt", required=True, help="the text whose attention to draw")
+    p.add_argument("--out", required=True, metavar="FILE.png", help="where to write the PNG")
+    p.add_argument("--layer", type=int, action="append", help="only this layer (repeatable; default: all)")
+    p.add_argument("--head", type=int, action="append", help="only this head (repeatable; default: all)")
+    p.add_argument("--dpi", type=int, default=100, help="pixels per inch; each panel is 3 x 3 inches (default: 100)")
+    p.add_argument("--force", action="store_true", help="write --out even when its name does not end in .png")
+    p.set_defaults(run=_run_attention)
+
+
+def _run_attention(args) -> int:
+    from scratchlm.checkpoint import load_model
+    from scratchlm.attention_maps import attention_figure, attention_weights, save_figure, token_labels
+
+    check_output_file(args.out, ".png", "--out", args.force)
+    if not 10 <= args.dpi <= 1000:
+        raise UserError(f"--dpi must be between 10 and 1000 (each panel is 3 x 3 inches), got {args.dpi}")
+    model, tokenizer, _ = load_model(args.checkpoint)
+    if tokenizer is None:
+        raise UserError(f"{args.checkpoint}: has no saved tokenizer, so the prompt cannot be turned into token ids")
+    panels = len(args.layer or range(model.config.n_layer)) * len(args.head or range(model.config.n_head))
+    megapixels = panels * (3 * args.dpi) ** 2 / 1e6
+    if megapixels > ATTENTION_MEGAPIXELS:
+        raise UserError(f"{panels} panels at --dpi {args.dpi} make a {megapixels:,.0f}-megapixel picture (at most "
+                        f"{ATTENTION_MEGAPIXELS}); lower --dpi or pick panels with --layer / --head")
+    ids = tokenizer.encode(args.prompt)
+    if not ids:
+        raise UserError("--prompt is empty after tokenization; give some text")
+    if len(ids) > model.config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens, longer than the context length {model.config.block_size}; shorten it")
+    weights = attention_weights(model, ids)
+    try:
+        fig = attention_figure(weights, token_labels(tokenizer, ids), layers=args.layer, heads=args.head, dpi=args.dpi)
+    except ValueError as exc:
+        raise UserError(f"{exc}; choose with --layer / --head") from None
+    out = save_figure(fig, args.out)
+    print(f"wrote {out} ({len(fig.axes)} panels, {len(ids)} tokens)")
+    return 0
+
+
+def add_plot(sub) -> None:
+    p = sub.add_parser("plot", help="draw a run's train and validation loss curves to a PNG")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory made by scratchlm train")
+    p.add_argument("--out", default=None, help="PNG file to write (default: RUN_DIR/loss.png)")
+    p.add_argument("--force", action="store_true", help="write --out even when its name does not end in .png")
+    p.set_defaults(run=_run_plot)
+
+
+def _run_plot(args) -> int:
+    from scratchlm.plot import plot_run
+
+    print(plot_run(args.run_dir, args.out, force=args.force))
+    return 0
+
+
+def add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="what this machine gives scratchlm: CPU flags, bfloat16, kernels, measured speeds, fonts")
+    p.add_argument("--json", action="store_true", help="print the facts as one JSON object")
+    p.add_argument("--no-measure", action="store_true", help="skip the timed probes (matmul rates, memory bandwidth)")
+    p.set_defaults(run=_run_doctor)
+
+
+def _run_doctor(args) -> int:
+    from scratchlm import doctor
+
+    facts = doctor.facts(measure=not args.no_measure)
+    print(json.dumps(facts) if args.json else "\n".join(doctor.report(facts)))
+    return 0
