@@ -131,11 +131,16 @@ def _run_train(args) -> int:
     train_overrides = {k[len("train."):]: v for k, v in given.items() if k.startswith("train.")}
     model_overrides = {k[len("model."):]: v for k, v in given.items() if k.startswith("model.")}
     if args.resume:
-        if model_overrides or args.preset:
-            raise UserError("--resume continues an existing model; drop --preset and the model flags")
+        if model_overrides or args.preset or train_overrides.get("init_from"):
+            raise UserError("--resume continues an existing model; drop --preset, --init_from and the model flags")
         cfg = resume_config(args.resume, **train_overrides)
+    elif train_overrides.get("init_from") and set(model_overrides) - {"dropout"}:
+        flags = ", ".join("--" + name for name in sorted(set(model_overrides) - {"dropout"}))
+        raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout may change)")
     else:
         cfg = config_from_preset(args.preset or "shakespeare-char", **train_overrides, model_overrides=model_overrides)
+        if cfg.init_from:  # the source's model: of the preset's model fields none apply, of the flags only --dropout
+            cfg.model_overrides = dict(model_overrides)
     if args.show_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0

@@ -5,6 +5,7 @@ plot` and anyone else), and lines or a progress bar for the person watching.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -40,10 +41,18 @@ class Reporter:
     def say(self, text: str) -> None:
         if self.mode == "quiet":
             return
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            print(text, flush=True)
+        try:
+            if self.bar is not None:
+                self.bar.write(text)
+            else:
+                print(text, flush=True)
+        except BrokenPipeError:
+            # the reader went away (`scratchlm train ... | head`): keep training and saving, stop
+            # printing; stdout now leads nowhere, so later prints cannot fail either
+            self.mode = "quiet"
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
 
     def progress(self, step: int, loss: float, lr: float, tok_s: float) -> None:
         if self.bar is not None:

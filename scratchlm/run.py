@@ -79,8 +79,12 @@ class Run:
 
         cfg, d, device = self.cfg, self.d, self.device
         # --- data and tokenizer ---
+        self.source = None
         if self.resume_ckpt is not None:
             self.block_size = int(ckpt_io.read_config(self.resume_ckpt)["model"]["block_size"])
+        elif cfg.init_from:  # its model and tokenizer: the new data is read with the source's tokenizer
+            self.source = _load_source(cfg)
+            self.block_size = self.source.model.config.block_size
         else:
             self.block_size = GPTConfig.from_name(cfg.model, **cfg.model_overrides).block_size
         self.prepared = _prepare_data(cfg, d, self.block_size)
@@ -128,6 +132,12 @@ class Run:
             self.model_config = info["model_config"]
             if self.model_config.vocab_size < self.tokenizer.vocab_size:
                 raise UserError(f"{self.resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
+        elif self.source is not None:  # the source's weights, in a model of its own config (dropout may change)
+            self.model_config = self.source.model.config.replace(**{k: v for k, v in cfg.model_overrides.items()
+                                                                    if k == "dropout"})
+            check_model_fits(self.model_config, device, training=True)
+            model = GPT(self.model_config)
+            model.load_state_dict(self.source.model.state_dict())
         else:
             self.model_config = cfg.model_config(vocab)
             check_model_fits(self.model_config, device, training=True)  # before a byte of it is allocated
@@ -175,6 +185,7 @@ class Run:
             f"{self.tokens_per_step:,} tokens/step, {si_units(self.flops_token)}FLOP per token (training), "
             f"device {self.device}" + (f" x{d.world_size}" if d.enabled else "")
             + (f", resuming at step {self.step}" if self.resume_ckpt is not None else "")
+            + (f", starting from the {self.source.description}" if self.source is not None else "")
         )
 
     def begin(self) -> None:
@@ -372,6 +383,20 @@ def _run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Path, 
     return run_dir, resume_ckpt, lock
 
 
+def _load_source(cfg: TrainConfig):
+    """The model `--init_from` names, and its tokenizer made the run's: data preparation reads
+    the new text with it (a character it cannot encode is an error naming it)."""
+    from scratchlm.data import cache_root
+    from scratchlm.sources import load_source
+
+    if cfg.resume:
+        raise UserError("--init_from starts a new run; --resume continues one: give one or the other")
+    cache = Path(cfg.data_cache).expanduser() if cfg.data_cache else cache_root()
+    source = load_source(cfg.init_from, cache)
+    cfg.tokenizer, cfg.tokenizer_file, cfg.vocab_size = source.tokenizer.kind, str(source.tokenizer_dir), None
+    return source
+
+
 def _data_config(cfg: TrainConfig, block_size: int | None = None):
     from scratchlm.data import DataConfig
 
@@ -503,6 +528,9 @@ def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     except UserError as exc:
         raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: bad training config ({exc})") from None
     model_overrides = {**saved.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
+    own = Path(run_dir) / ckpt_io.TOKENIZER_DIR
+    if saved.get("tokenizer_file") and not Path(saved["tokenizer_file"]).exists() and own.is_dir():
+        saved = {**saved, "tokenizer_file": str(own)}  # e.g. an --init_from source moved away: the run's own copy
     # the saved out_dir is where the run was made; a run folder that was moved or copied resumes where it is now
     return TrainConfig.from_dict({**saved, "out_dir": None, **overrides, "model_overrides": model_overrides,
                                   "resume": str(run_dir)})

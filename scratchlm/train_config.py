@@ -127,6 +127,10 @@ class TrainConfig:
     """Run directory (None: runs/<preset>-<time>). An existing run is never overwritten."""
     resume: str | None = None
     """Continue the run in this directory from its latest checkpoint."""
+    init_from: str | None = None
+    """Start from this trained model (a scratchlm run or checkpoint, or a local Hugging Face folder):
+    its architecture, weights and tokenizer, with a fresh optimizer and schedule on `data`. Only
+    `dropout` of the model fields may change."""
     progress: str = "auto"
     """`auto` (a progress bar on a terminal, log lines otherwise), `bar`, `lines` or `quiet`."""
     preset: str | None = None

@@ -378,3 +378,22 @@ def test_a_run_folder_without_a_checkpoint_gets_advice_that_leads_somewhere(tmp_
     assert (stopped / "metrics.jsonl").read_text() == '{"event": "start"}\n'  # nothing was touched
     with pytest.raises(UserError, match="not a run folder"):  # a folder of the user's own: no advice to delete it
         resume_config(tmp_path)
+
+
+def test_a_reader_that_goes_away_does_not_stop_training(tmp_path):
+    """`scratchlm train ... | head -1`: the pipe closes after the first line; training goes on
+    quietly, saves its final checkpoint and ends well (it used to die of BrokenPipeError before
+    the save)."""
+    data = write_text(tmp_path / "text.txt")
+    argv = [sys.executable, "-m", "scratchlm", "train", "--data", str(data), "--tokenizer", "char", "--max_steps", "12",
+            "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--block_size", "16", "--batch_size", "4",
+            "--log_interval", "1", "--eval_interval", "4", "--eval_iters", "1", "--checkpoint_interval", "100",
+            "--progress", "lines", "--threads", "1", "--out_dir", str(tmp_path / "run"),
+            "--data_cache", str(tmp_path / "data")]
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    first = proc.stdout.readline()
+    proc.stdout.close()  # as `head -1` does
+    _, err = proc.communicate(timeout=240)
+    assert first.startswith(b"run ") and proc.returncode == 0, err.decode()
+    assert (tmp_path / "run" / "latest").read_text().strip() == "ckpt-00000012"

@@ -1,0 +1,127 @@
+"""`train --init_from`: a new run that starts from a trained model (a scratchlm run, or a Hugging
+Face folder as export-hf writes it), keeps its architecture and tokenizer, and trains on new data
+with a fresh optimizer. The weights really come along: the first step's loss is the source's
+loss on that same batch, scored here with scratchlm.scoring; and a fine-tune resumes exactly."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scratchlm.checkpoint import load_model
+from scratchlm.errors import UserError
+from scratchlm.scoring import score_ids
+from scratchlm.train import TrainConfig, train
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+WORDS = "the king speaks to a queen of night and day my lord".split()
+MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0, pos_embedding="learned", lm_head_bias=False)
+
+
+def _text(path: Path, seed: int, n: int = 300) -> Path:
+    rng = random.Random(seed)
+    path.write_text("\n".join(" ".join(rng.choice(WORDS) for _ in range(6)) for _ in range(n)) + "\n", encoding="utf-8")
+    return path
+
+
+def _config(tmp_path: Path, name: str, data: Path, **overrides) -> TrainConfig:
+    values = dict(data=str(data), tokenizer="char", batch_size=4, max_steps=6, lr=3e-3, warmup_steps=1,
+                  eval_interval=0, eval_iters=1, log_interval=1, checkpoint_interval=2, sample_tokens=0,
+                  progress="quiet", out_dir=str(tmp_path / name), data_cache=str(tmp_path / "data"), threads=1,
+                  model_overrides=MODEL)
+    return TrainConfig(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    """A small char-level run: the model to start from."""
+    tmp = tmp_path_factory.mktemp("source")
+    os.environ.setdefault("SCRATCHLM_CACHE", str(tmp / "cache"))
+    train(_config(tmp, "run", _text(tmp / "a.txt", 0), max_steps=20))
+    return tmp / "run"
+
+
+def _first_batch_loss(model, run_dir: Path, cfg: TrainConfig) -> float:
+    """The loss of `model` on the first training batch of the run in run_dir, as scratchlm eval
+    scores it: each row of the batch is one window of block_size + 1 ids, every target scored."""
+    from scratchlm.data import read_shard
+    from scratchlm.distributed import Dist
+    from scratchlm.evaluation import RankBatches
+
+    start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
+    tokens = read_shard(Path(start["data_dir"]) / "train.bin")
+    block = model.config.block_size
+    x, y = RankBatches(tokens, cfg.batch_size, block, cfg.seed, Dist()).next_batch()
+    rows = torch.cat([x, y[:, -1:]], dim=1)  # (B, block + 1): inputs and the last target
+    nll = sum(score_ids(model, row.tolist(), stride=block)[0] for row in rows)
+    return nll / y.numel()
+
+
+def test_init_from_a_run_starts_from_its_weights_and_tokenizer(tmp_path, source):
+    src_model, src_tok, _ = load_model(source)
+    cfg = _config(tmp_path, "tuned", _text(tmp_path / "b.txt", 1), init_from=str(source), max_steps=3, lr=1e-3,
+                  model_overrides={})
+    result = train(cfg)
+    want = _first_batch_loss(src_model, tmp_path / "tuned", cfg)
+    assert abs(result.losses[1] - want) < 1e-5, (result.losses[1], want)
+    # against a control: the same run from fresh weights starts near ln(V), far from the source's loss
+    fresh = train(_config(tmp_path, "fresh", tmp_path / "b.txt", max_steps=1))
+    assert fresh.losses[1] > want + 0.5 and abs(fresh.losses[1] - math.log(src_tok.vocab_size)) < 0.5
+    tuned, tuned_tok, info = load_model(tmp_path / "tuned")
+    assert tuned.config == src_model.config and tuned_tok.chars == src_tok.chars
+    assert info["config"]["train"]["init_from"] == str(source)
+
+
+def test_a_fine_tune_resumes_exactly(tmp_path, source):
+    data = _text(tmp_path / "b.txt", 2)
+    whole = train(_config(tmp_path, "whole", data, init_from=str(source), max_steps=4, model_overrides={}))
+    train(_config(tmp_path, "split", data, init_from=str(source), max_steps=2, model_overrides={}))
+    from scratchlm.run import resume_config
+
+    again = train(resume_config(tmp_path / "split", max_steps=4))
+    assert again.losses == {s: whole.losses[s] for s in (3, 4)}
+    a, _, _ = load_model(tmp_path / "whole")
+    b, _, _ = load_model(tmp_path / "split")
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_init_from_a_hugging_face_folder(tmp_path):
+    """A bpe run exported with export-hf (weights and tokenizer.json), then trained on from there."""
+    from scratchlm.interop import export_hf
+
+    run = tmp_path / "bpe-run"
+    train(_config(tmp_path, "bpe-run", _text(tmp_path / "a.txt", 3), tokenizer="bpe", vocab_size=300, max_steps=4))
+    model, tok, _ = load_model(run)
+    export_hf(model, tmp_path / "hf", tok)
+    cfg = _config(tmp_path, "from-hf", _text(tmp_path / "b.txt", 4), init_from=str(tmp_path / "hf"), max_steps=1,
+                  model_overrides={})
+    result = train(cfg)
+    assert abs(result.losses[1] - _first_batch_loss(model, tmp_path / "from-hf", cfg)) < 1e-5
+    _, tuned_tok, _ = load_model(tmp_path / "from-hf")
+    assert tuned_tok.kind == "bpe" and tuned_tok.encode("the king") == tok.encode("the king")
+
+
+def test_init_from_refuses_what_cannot_work(tmp_path, source):
+    (tmp_path / "z.txt").write_text("zebra quiz\n" * 50, encoding="utf-8")  # z and q: not in the source's alphabet
+    with pytest.raises(UserError, match="'z'"):
+        train(_config(tmp_path, "bad", tmp_path / "z.txt", init_from=str(source), model_overrides={}))
+    with pytest.raises(UserError, match="no such run"):
+        train(_config(tmp_path, "bad2", tmp_path / "z.txt", init_from=str(tmp_path / "nowhere"), model_overrides={}))
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad2").exists()
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
+    argv = [sys.executable, "-m", "scratchlm", "train", "--init_from", str(source), "--data", str(tmp_path / "z.txt"),
+            "--out_dir", str(tmp_path / "c")]
+    for extra, words in [(["--n_layer", "3"], "--init_from keeps"), (["--resume", str(source)], "--resume")]:
+        out = subprocess.run(argv + extra, capture_output=True, text=True, env=env, timeout=240)
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
