@@ -90,6 +90,29 @@ def test_gemv_keeps_leading_dims_and_splits_rows_between_threads():
 
 
 @needs_kernel
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("n_out, k", [(4099, 96), (1000, 65), (64, 1024), (63, 1024), (7, 32)])
+def test_gemv_splits_rows_between_threads_as_documented(threads, n_out, k):
+    """gemv_bf16.c's rule: from GEMV_PARALLEL_MIN multiply-adds per row of x the output rows go to
+    the threads in contiguous blocks, one per thread, in thread order, sizes differing by at most
+    one; below it one thread takes them all. Read off the kernel's own loop (row_owners)."""
+    from scratchlm.kernels import GEMV_PARALLEL_MIN
+
+    weight = torch.randn(n_out, k, generator=torch.Generator().manual_seed(n_out))
+    x = torch.randn(2, k)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        owners = KERNEL.row_owners(x, weight).tolist()
+    finally:
+        torch.set_num_threads(previous)
+    team = threads if n_out * k >= GEMV_PARALLEL_MIN else 1
+    sizes = [owners.count(t) for t in range(team)]
+    assert sum(sizes) == n_out and max(sizes) - min(sizes) <= 1  # every row once, shared evenly
+    assert owners == sorted(owners)  # contiguous blocks in thread order
+
+
+@needs_kernel
 def test_gemv_rejects_what_it_cannot_compute():
     weight = torch.randn(16, 32).bfloat16()
     with pytest.raises(ValueError, match="at most"):

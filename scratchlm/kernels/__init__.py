@@ -48,6 +48,19 @@ SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
 HEADERS = [Path(__file__).with_name("bf16_dot.h"), Path(__file__).with_name("attention.h")]  # included by the sources: part of the cache key
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
+
+GEMV_PARALLEL_MIN = 1 << 16
+"""Multiply-adds per row of x (n_out * k) from which gemv splits the output rows between threads:
+below it, waking the second thread costs more than it saves."""
+
+def gemv_parallel(n_out: int, k: int) -> bool:
+    """Whether gemv shares an (n_out, k) matrix's rows out between threads (GEMV_PARALLEL_MIN)."""
+    return n_out * k >= GEMV_PARALLEL_MIN
+
+
+ATTEND_PARALLEL_MIN = 1 << 17
+"""Multiply-adds (B * H * (pos + 1) * hs) from which attend_one splits the (sequence, head)
+pairs between threads."""
 OPENMP = "-fopenmp"
 
 # name -> the instruction-set flags to try, in order (the first the compiler accepts is used)
@@ -159,6 +172,9 @@ class CpuKernels:
         self._fn_f32 = lib.scratchlm_gemv_f32
         self._fn_f32.restype = ctypes.c_int
         self._fn_f32.argtypes = self._fn.argtypes
+        self._owners = lib.scratchlm_gemv_f32_owners
+        self._owners.restype = ctypes.c_int
+        self._owners.argtypes = self._fn.argtypes + [ctypes.c_void_p]
         self.max_rows = lib.scratchlm_gemv_max_rows()
         self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
         lib.scratchlm_kernel_path.restype = ctypes.c_char_p
@@ -198,13 +214,24 @@ class CpuKernels:
         m rows of weight.shape[1]; weight and bias as for `__call__`. Returns (m, out) float32."""
         n_out, k = weight.shape
         y = torch.empty(m, n_out)
-        parallel = n_out * k >= 1 << 16  # below that, starting the second thread costs more than it saves
+        parallel = gemv_parallel(n_out, k)
         fn = self._fn if weight.dtype == torch.bfloat16 else self._fn_f32
         rc = fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
                 m, n_out, k, parallel)
         if rc != 0:
             raise MemoryError("gemv_bf16: out of memory")
         return y
+
+    def row_owners(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """Which thread computed each output row of x @ weight^T (float32 weight (n_out, k), x (m, k)
+        float32 contiguous), split as `rows` splits it: (n_out,) int32 thread numbers. For tests."""
+        n_out, k = weight.shape
+        y = torch.empty(x.shape[0], n_out)
+        owner = torch.full((n_out,), -1, dtype=torch.int32)
+        if self._owners(weight.data_ptr(), x.data_ptr(), 0, y.data_ptr(), x.shape[0], n_out, k,
+                        gemv_parallel(n_out, k), owner.data_ptr()) != 0:
+            raise MemoryError("gemv: out of memory")
+        return owner
 
     def attend_one(self, qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, pos: int,
                    n_head: int) -> torch.Tensor:
@@ -219,7 +246,7 @@ class CpuKernels:
                 or v_cache.shape != k_cache.shape or k_cache.shape[0] != B):
             raise ValueError("attend_one: expects float32 contiguous qkv (B, 1, 3C) and caches (B, H, t_max, C/H)")
         out = torch.empty(B, 1, C)
-        parallel = B * H * (pos + 1) * hs >= 1 << 17
+        parallel = B * H * (pos + 1) * hs >= ATTEND_PARALLEL_MIN
         if self._attend(qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                         B, H, hs, t_max, pos, parallel) != 0:
             raise MemoryError("attend_one: out of memory")
