@@ -40,7 +40,9 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # name: (file under scratchlm/, the tests that should notice a change to it)
     "model": ("model.py", ["tests/test_model.py", "tests/test_reference.py"]),
     "sampling": ("sampling.py", ["tests/test_sampling.py"]),
-    "generate": ("generate.py", ["tests/test_generate.py"]),
+    "generate": ("generate.py", ["tests/test_generate.py",
+                                 "tests/test_decode_step.py::test_generation_uses_it_and_keeps_greedy_tokens",
+                                 "tests/test_decode_step.py::test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens"]),
     "fused_loss": ("fused_loss.py", ["tests/test_fused_loss.py"]),
     "train": ("train.py", ["tests/test_train.py", "-m", "not slow"]),
     "checkpoint": ("checkpoint.py", ["tests/test_checkpoint.py"]),

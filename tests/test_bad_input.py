@@ -350,6 +350,8 @@ CASES = [
     Case("generate: --device potato", [*GEN, "--device", "potato"], ["--device potato", "not a device"], _with_run()),
     Case("generate: --device mps where there is none", [*GEN, "--device", "mps"], ["--device mps", "not available"],
          _with_run()),
+    Case("generate: --num-samples 10**8", [*GEN, "--num-samples", str(10**8)], ["100,000,000", "free", "--num-samples"],
+         _with_run()),
     Case("generate: --prompt-file /dev/zero", [*GEN[:3], "--prompt-file", "/dev/zero", *GEN[5:]],
          ["--prompt-file", "/dev/zero", "longer than"], _with_run()),
     Case("generate: a Hugging Face folder", [*GEN[:2], "{d}/hf", *GEN[3:]], ["Hugging Face", "import-hf"], _hf_dir({})),

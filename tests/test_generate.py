@@ -174,6 +174,10 @@ def test_wide_beam_with_eos_equals_exhaustive_search_with_length_penalty():
         [(ids, lp)] = beam_search(model, torch.tensor(prompt), V**steps, steps, length_penalty=alpha, eos_id=eos)
         assert ids == prompt + list(ranked[0])
         assert lp == pytest.approx(_score(model, prompt, list(ranked[0])), abs=1e-4)
+        # the whole ranking, finished (eos) beams among the live ones: every candidate, in order
+        every = beam_search(model, torch.tensor(prompt), V**steps, steps, length_penalty=alpha, eos_id=eos,
+                            n_best=len(candidates))
+        assert [tuple(ids[len(prompt) :]) for ids, _ in every] == ranked  # eos-ended ones included
 
 
 def test_beam_search_cache_is_exact_across_the_boundary():
@@ -475,3 +479,75 @@ def test_a_model_wider_than_its_tokenizer_only_chooses_ids_the_tokenizer_has():
     beams = generate(model, tok, "abc", max_new_tokens=6, beams=3, num_samples=3)
     assert all(max(row) < tok.vocab_size for row in beams.all_ids)
     assert "".join(stream(model, tok, "abc", max_new_tokens=10, greedy=True)) == tok.decode(want)
+
+
+# --------------------------------------------------------------------------------------------
+# Closing what mutation testing walked through (python scripts/mutate.py generate)
+# --------------------------------------------------------------------------------------------
+
+
+def test_bad_prompts_and_beam_settings_are_refused():
+    model = _model()
+    for bad in (torch.zeros(3, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long)):
+        with pytest.raises(ValueError, match="idx"):
+            next(iter_tokens(model, bad, max_new_tokens=2))
+    for width, n_best in ((0, 1), (2, 0)):
+        with pytest.raises(UserError, match="beam"):
+            beam_search(model, torch.tensor([1]), width, 3, n_best=n_best)
+    tok = LettersTokenizer()
+    model = _letters_model()
+    for options, name in ((dict(num_samples=0), "num_samples"), (dict(beams=0), "beams"), (dict(beams=True), "beams"),
+                          (dict(num_samples=2.5), "num_samples")):
+        with pytest.raises(UserError, match=name):
+            generate(model, tok, "abc", max_new_tokens=2, **options)
+    with pytest.raises(UserError, match="max_new_tokens"):
+        stream(model, tok, "abc", max_new_tokens=-1)  # at the call, before the first piece is asked for
+
+
+def test_generate_ids_stops_rows_at_eos_and_pads_them_with_it():
+    """By hand: the plain greedy loop, with each row frozen at eos once it has produced it."""
+    model = _model(seed=4)
+    idx = torch.tensor([[1, 2], [3, 4], [5, 6]])
+    free = generate_ids(model, idx, max_new_tokens=12, greedy=True)
+    eos = int(free[0, 4])  # a token row 0 produces at its third step
+    got = generate_ids(model, idx, max_new_tokens=12, greedy=True, eos_id=eos)
+    want = free.clone()
+    for row in range(3):
+        hits = (free[row, 2:] == eos).nonzero()
+        if len(hits):
+            want[row, 2 + int(hits[0]) :] = eos
+    n = got.shape[1]
+    assert torch.equal(got, want[:, :n])
+    assert n == free.shape[1] or bool((got[:, -1] == eos).all())  # stopped early only when every row was done
+
+
+def test_beams_2_is_beam_search():
+    tok = LettersTokenizer()
+    model = _letters_model(seed=13)
+    out = generate(model, tok, "abc", max_new_tokens=5, beams=2, num_samples=2)
+    best = beam_search(model, torch.tensor(tok.encode("abc")), 2, 5, n_best=2, eos_id=tok.eos_id, vocab=tok.vocab_size)
+    want = [[i for i in ids[3:] if i != tok.eos_id] for ids, _ in best]  # text rows end before eos
+    assert out.all_ids == want and out.logprobs == pytest.approx([lp for _, lp in best])
+
+
+def test_a_stop_string_at_the_very_start_stops_at_once():
+    tok = LettersTokenizer()
+    model = _letters_model(seed=12)
+    first = generate(model, tok, "abc", max_new_tokens=1, greedy=True).text
+    out = generate(model, tok, "abc", max_new_tokens=10, greedy=True, stop=[first])
+    assert out.text == "" and out.finish_reasons == ["stop"]
+
+
+def test_a_prompt_exactly_as_long_as_the_context_is_not_cropped():
+    import warnings
+
+    tok = LettersTokenizer()
+    model = _letters_model(seed=12)
+    prompt = "abcdefghij abcde"[: model.config.block_size]
+    assert len(tok.encode(prompt)) == model.config.block_size
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no crop warning
+        out = generate(model, tok, prompt, max_new_tokens=2, greedy=True)
+    assert not out.prompt_cropped
+    with pytest.warns(UserWarning, match="last 16 tokens"):
+        assert generate(model, tok, prompt + "a", max_new_tokens=2, greedy=True).prompt_cropped
