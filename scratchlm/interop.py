@@ -10,8 +10,9 @@ vectors added to the token embeddings, LayerNorm, a ReLU/GELU/GELU-tanh MLP, pre
 sinusoidal positions become GPT-2's position table filled with the same values, and `none` a table of
 zeros: the function is the same (though transformers would train that table if fine-tuned). Biases
 GPT-2 has and we switched off are written as zeros (same function); an lm_head bias GPT-2 lacks is
-dropped if it is zero and refused otherwise. Anything else (RoPE, RMSNorm, SwiGLU, post-norm) is
-refused with a `UserError` naming the config field.
+dropped if it is zero and refused otherwise. RoPE models export to GPT-NeoX or Llama instead
+(scratchlm.hf_rotary); what no architecture computes (post-norm, RMSNorm or SwiGLU with added
+positions, ...) is refused with a `UserError` naming the fields and the flags that would do.
 
 Nothing here imports `transformers`: a Hugging Face model directory is just config.json plus
 safetensors, and an in-memory HF model is read through `.state_dict()` and `.config`.
@@ -377,8 +378,10 @@ def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
 
 
 def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
-    """Write `model` (and `tokenizer`, if given) as a GPT-2 directory that
-    `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` loads offline.
+    """Write `model` (and `tokenizer`, if given) as a Hugging Face directory that
+    `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` loads offline: GPT-2 for added
+    positions, GPT-NeoX or Llama for RoPE (scratchlm.hf_rotary.architecture says which, or why
+    none fits).
 
     Writes config.json and model.safetensors, plus tokenizer files for `bpe` and `gpt2`
     tokenizers (tokenizer.json and tokenizer_config.json, and vocab.json/merges.txt for gpt2). A
@@ -390,11 +393,18 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} already exists and is not empty; choose a new directory")
     check_folder_path(out_dir, "OUT_DIR")
+    from scratchlm import hf_rotary
+
     bos_id = getattr(tokenizer, "bos_id", None)
     eos_id = getattr(tokenizer, "eos_id", None)
-    hf_config = hf_config_from_gpt(model.config, bos_id=bos_id, eos_id=eos_id)
-    state = hf_state_dict_from_gpt(model)
-    hf_config["dtype"] = str(state["transformer.wte.weight"].dtype).removeprefix("torch.")
+    arch = hf_rotary.architecture(model.config)
+    if arch == "gpt2":
+        hf_config = hf_config_from_gpt(model.config, bos_id=bos_id, eos_id=eos_id)
+        state = hf_state_dict_from_gpt(model)
+    else:
+        hf_config = hf_rotary.hf_config(model.config, arch, bos_id=bos_id, eos_id=eos_id)
+        state = hf_rotary.hf_state_dict(model, arch)
+    hf_config["dtype"] = str(model.transformer.wte.weight.dtype).removeprefix("torch.")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))

@@ -379,7 +379,8 @@ CASES = [
          _setups(_with_run(), _files(out__keep_dot_txt="mine"))),
     Case("export-hf: output under a regular file", ["export-hf", "{d}/run", "{d}/t.txt/out"], ["t.txt", "not a folder"],
          _setups(_with_run(), TEXT)),
-    Case("export-hf: rotary positions", ["export-hf", "{d}/run", "{d}/out"], ["pos_embedding", "rope"], _with_run()),
+    Case("export-hf: post-norm blocks", ["export-hf", "{d}/run", "{d}/out"], ["norm_position", "--norm_position pre"],
+         _with_run(_edit_config(lambda c: c["model"].update(norm_position="post")))),
     # --- import-hf
     Case("import-hf: a folder that is not GPT-2", ["import-hf", "{d}/hf", "{d}/out"], ["model_type", "llama"],
          _hf_dir({"model_type": "llama"})),

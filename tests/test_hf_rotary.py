@@ -1,0 +1,75 @@
+"""Rotary models exported to Hugging Face (scratchlm.hf_rotary): GPT-NeoX for RoPE + LayerNorm +
+GELU/ReLU, Llama for RoPE + RMSNorm + SwiGLU. The exported folder is loaded offline by
+transformers' own classes and must give the same logits (1e-4) and the same greedy tokens."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from scratchlm.config import GPTConfig
+from scratchlm.errors import UserError
+from scratchlm.generate import generate_ids
+from scratchlm.hf_rotary import architecture
+from scratchlm.interop import export_hf
+from scratchlm.model import GPT
+
+transformers = pytest.importorskip("transformers")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+BASE = dict(vocab_size=61, block_size=32, n_layer=2, n_head=4, n_embd=32, pos_embedding="rope", lm_head_bias=False)
+CASES = {
+    "neox-gelu": dict(norm="layernorm", activation="gelu"),
+    "neox-gelu_tanh-tied-qkv-bias": dict(norm="layernorm", activation="gelu_tanh", tie_weights=True, qkv_bias=True),
+    "neox-relu-no-biases": dict(norm="layernorm", activation="relu", proj_bias=False, mlp_bias=False, rope_theta=500.0),
+    "llama": dict(norm="rmsnorm", activation="swiglu", mlp_bias=False, proj_bias=False),
+    "llama-biases-tied": dict(norm="rmsnorm", activation="swiglu", qkv_bias=True, tie_weights=True, n_inner=48),
+}
+
+
+def _model(seed: int, **overrides) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(**{**BASE, **overrides})).eval()
+    with torch.no_grad():  # every parameter away from its initial value, so a misplaced one shows
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_export_loads_in_transformers_with_the_same_logits_and_greedy_tokens(tmp_path, name):
+    model = _model(1, **CASES[name])
+    arch = architecture(model.config)
+    assert arch == ("llama" if name.startswith("llama") else "gpt_neox")
+    export_hf(model, tmp_path / "hf")
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    assert type(hf).__name__ == {"gpt_neox": "GPTNeoXForCausalLM", "llama": "LlamaForCausalLM"}[arch]
+    idx = torch.randint(0, BASE["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        ours, _ = model(idx)
+        theirs = hf(input_ids=idx).logits
+    torch.testing.assert_close(theirs, ours, atol=1e-4, rtol=1e-4)
+    prompt = idx[:1, :5]
+    want = generate_ids(model, prompt, max_new_tokens=12, greedy=True, use_cache=False)
+    got = hf.generate(prompt, max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("overrides, field, words", [
+    (dict(pos_embedding="rope", norm="rmsnorm", activation="gelu"), "activation", "--activation swiglu"),
+    (dict(pos_embedding="rope", norm="layernorm", activation="swiglu"), "norm", "Llama --norm rmsnorm"),
+    (dict(pos_embedding="learned", norm="rmsnorm", activation="gelu"), "norm", "--norm layernorm"),
+    (dict(pos_embedding="sinusoidal", activation="swiglu"), "activation", "--pos_embedding rope"),
+    (dict(norm_position="post"), "norm_position", "--norm_position pre"),
+])
+def test_what_no_architecture_computes_is_refused_with_the_flags_that_would_do(overrides, field, words):
+    with pytest.raises(UserError) as info:
+        architecture(GPTConfig(**{**BASE, **overrides}))
+    assert str(info.value).startswith(f"{field}:") and words in str(info.value)
+
+
+def test_a_nonzero_head_bias_is_refused_with_its_flag(tmp_path):
+    model = _model(3, **{**CASES["neox-gelu"], "lm_head_bias": True})
+    with pytest.raises(UserError, match="--lm_head_bias false"):
+        export_hf(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
