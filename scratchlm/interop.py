@@ -377,14 +377,23 @@ def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
     return out
 
 
+def _generation_config(config: GPTConfig, bos_id: int | None, eos_id: int | None) -> dict[str, Any]:
+    """generation_config.json: transformers' defaults for `generate` and `pipeline`. Without it
+    their default length (20 new tokens past any prompt) runs past a small model's context;
+    max_length caps prompt plus continuation at the context, and eos doubles as the pad id."""
+    return {"max_length": config.block_size, "bos_token_id": bos_id, "eos_token_id": eos_id,
+            "pad_token_id": eos_id, "do_sample": False}
+
+
 def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     """Write `model` (and `tokenizer`, if given) as a Hugging Face directory that
     `transformers.AutoModelForCausalLM.from_pretrained(out_dir)` loads offline: GPT-2 for added
     positions, GPT-NeoX or Llama for RoPE (scratchlm.hf_rotary.architecture says which, or why
     none fits).
 
-    Writes config.json and model.safetensors, plus tokenizer files for `bpe` and `gpt2`
-    tokenizers (tokenizer.json and tokenizer_config.json, and vocab.json/merges.txt for gpt2). A
+    Writes config.json, generation_config.json and model.safetensors, plus tokenizer files for
+    `bpe` and `gpt2` tokenizers (tokenizer.json and tokenizer_config.json, and
+    vocab.json/merges.txt for gpt2). A
     `char` tokenizer has no Hugging Face form; it is left out with a warning. The directory
     appears complete or not at all (written beside it, then renamed); an existing non-empty
     out_dir is refused.
@@ -414,6 +423,8 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
         # transformers refuses safetensors files without format=pt metadata
         save_file(state, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n", encoding="utf-8")
+        (tmp / "generation_config.json").write_text(json.dumps(_generation_config(model.config, bos_id, eos_id),
+                                                               indent=2) + "\n", encoding="utf-8")
         if tokenizer is not None:
             write_hf_tokenizer(tokenizer, tmp, model_max_length=model.config.block_size)
         if out_dir.exists():
@@ -454,6 +465,7 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": id_to_token[tokenizer.bos_id],
         "eos_token": id_to_token[tokenizer.eos_id],
+        "pad_token": id_to_token[tokenizer.eos_id],  # batched pipelines need one; padding is masked out anyway
         "unk_token": None,
         "model_max_length": model_max_length,
         "add_prefix_space": False,

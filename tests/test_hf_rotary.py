@@ -73,3 +73,26 @@ def test_a_nonzero_head_bias_is_refused_with_its_flag(tmp_path):
     with pytest.raises(UserError, match="--lm_head_bias false"):
         export_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
+
+
+@pytest.mark.parametrize("name", ["gpt2", "neox-gelu", "llama"])
+def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greedy(tmp_path, name):
+    """`pipeline("text-generation", model=DIR)(prompt)` with no arguments: generation_config.json
+    caps prompt plus continuation at the context (transformers' own default of 20 new tokens ran
+    past it) and asks for greedy decoding; a pad token lets it batch. The text equals scratchlm's
+    greedy continuation of the same length."""
+    from scratchlm.generate import generate
+    from scratchlm.tokenizer import train_tokenizer
+
+    text = ["the king speaks to the queen of the night and the day"] * 30
+    tok = train_tokenizer("bpe", text, 300)
+    overrides = {"pos_embedding": "learned"} if name == "gpt2" else CASES[name]
+    model = _model(5, **{**overrides, "vocab_size": tok.vocab_size, "block_size": 24})
+    export_hf(model, tmp_path / "hf", tok)
+    pipe = transformers.pipeline("text-generation", model=str(tmp_path / "hf"), device="cpu")
+    prompt = "the king"
+    out = pipe(prompt)[0]["generated_text"]
+    n_prompt = len(tok.encode(prompt))
+    want = generate(model, tok, prompt, max_new_tokens=24 - n_prompt, greedy=True)
+    assert out == prompt + want.text
+    assert len(pipe([prompt, "the queen of"], batch_size=2)) == 2  # batched: a pad token exists
