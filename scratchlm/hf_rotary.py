@@ -137,3 +137,109 @@ def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:
     if not cfg.tie_weights:
         out["embed_out.weight" if neox else "lm_head.weight"] = state["lm_head.weight"]
     return {k: v.contiguous().clone() for k, v in out.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# Import: Hugging Face -> scratchlm (the same table, read right to left)
+# --------------------------------------------------------------------------------------------
+
+IMPORTABLE = ("gpt_neox", "llama")
+_NEOX_FROM_HF = {v: k for k, v in NEOX_ACTIVATIONS.items()}
+_BUFFERS = ("rotary_emb.inv_freq", "attention.bias", "attention.masked_bias")  # recomputed, not weights
+
+
+def _rope_theta(hf: dict) -> float:
+    params = hf.get("rope_parameters") or {}
+    scaling = hf.get("rope_scaling")
+    kind = params.get("rope_type", (scaling or {}).get("rope_type", (scaling or {}).get("type", "default")))
+    if kind != "default":
+        raise UserError(f"rope_scaling: {kind!r} stretches the rotations; scratchlm's RoPE is the plain one")
+    return float(params.get("rope_theta", hf.get("rope_theta", hf.get("rotary_emb_base", 10000.0))))
+
+
+def config_from_hf(hf: dict) -> GPTConfig:
+    """The GPTConfig of a GPT-NeoX or Llama config.json; a UserError naming the field it cannot
+    follow (partial or scaled rotations, a parallel residual, grouped K/V heads, ...)."""
+    arch, C, H = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
+    common = dict(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
+                  n_head=H, n_embd=C, pos_embedding="rope", rope_theta=_rope_theta(hf), norm_position="pre",
+                  tie_weights=bool(hf.get("tie_word_embeddings", False)), lm_head_bias=False,
+                  dropout=0.0)
+    if arch == "gpt_neox":
+        rotary = (hf.get("rope_parameters") or {}).get("partial_rotary_factor", hf.get("rotary_pct", 1.0))
+        if float(rotary) != 1.0:
+            raise UserError(f"rotary_pct: {rotary} rotates part of each head; scratchlm's RoPE rotates all of it")
+        if hf.get("use_parallel_residual", True):
+            raise UserError("use_parallel_residual: true adds attention and MLP to the same input; scratchlm's "
+                            "blocks run them one after the other")
+        if hf.get("hidden_act", "gelu") not in _NEOX_FROM_HF:
+            raise UserError(f"hidden_act: {hf.get('hidden_act')!r} has no scratchlm equivalent")
+        biased = bool(hf.get("attention_bias", True))
+        return GPTConfig(**common, n_inner=hf["intermediate_size"], norm="layernorm",
+                         norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
+                         activation=_NEOX_FROM_HF[hf.get("hidden_act", "gelu")],
+                         qkv_bias=biased, proj_bias=biased, mlp_bias=True)
+    if hf.get("num_key_value_heads", H) != H:
+        raise UserError(f"num_key_value_heads: {hf['num_key_value_heads']} shared K/V heads for {H} query heads "
+                        "(grouped-query attention); scratchlm gives every head its own")
+    if hf.get("head_dim", C // H) != C // H:
+        raise UserError(f"head_dim: {hf['head_dim']} is not hidden_size / num_attention_heads = {C // H}")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UserError(f"hidden_act: {hf['hidden_act']!r}; scratchlm's swiglu gates with silu")
+    biased = bool(hf.get("attention_bias", False))
+    return GPTConfig(**common, n_inner=2 * hf["intermediate_size"], norm="rmsnorm",
+                     norm_eps=float(hf.get("rms_norm_eps", 1e-6)), activation="swiglu", qkv_bias=biased,
+                     proj_bias=biased, mlp_bias=bool(hf.get("mlp_bias", False)))
+
+
+def state_dict_from_hf(state: dict[str, torch.Tensor], config: GPTConfig, arch: str) -> dict[str, torch.Tensor]:
+    """scratchlm's names and layouts for a GPT-NeoX or Llama state dict (see the module's table)."""
+    state = {k: v for k, v in state.items() if not k.endswith(_BUFFERS)}
+    C, H, hs = config.n_embd, config.n_head, config.head_dim
+    neox = arch == "gpt_neox"
+    root, layers = ("gpt_neox.", "gpt_neox.layers.") if neox else ("model.", "model.layers.")
+    used: set[str] = set()
+
+    def take(name: str) -> torch.Tensor:
+        if name not in state:
+            raise UserError(f"{name}: missing from the weights of this {arch} model")
+        used.add(name)
+        return state[name]
+
+    out = {"transformer.wte.weight": take(root + ("embed_in.weight" if neox else "embed_tokens.weight"))}
+    for i in range(config.n_layer):
+        src, dst = f"{layers}{i}.", f"transformer.h.{i}."
+        for ours, theirs in (("ln_1", "input_layernorm"), ("ln_2", "post_attention_layernorm")):
+            out[dst + f"{ours}.weight"] = take(src + f"{theirs}.weight")
+            if neox:
+                out[dst + f"{ours}.bias"] = take(src + f"{theirs}.bias")
+        if neox:
+            out[dst + "attn.c_attn.weight"] = take(src + "attention.query_key_value.weight").view(H, 3, hs, C) \
+                .transpose(0, 1).reshape(3 * C, C)
+            names = {"attn.c_proj": "attention.dense", "mlp.c_fc": "mlp.dense_h_to_4h", "mlp.c_proj": "mlp.dense_4h_to_h"}
+            if config.qkv_bias:
+                out[dst + "attn.c_attn.bias"] = take(src + "attention.query_key_value.bias").view(H, 3, hs) \
+                    .transpose(0, 1).reshape(3 * C)
+        else:
+            out[dst + "attn.c_attn.weight"] = torch.cat([take(src + f"self_attn.{p}.weight") for p in ("q_proj", "k_proj", "v_proj")])
+            out[dst + "mlp.c_fc.weight"] = torch.cat([take(src + f"mlp.{p}.weight") for p in ("gate_proj", "up_proj")])
+            names = {"attn.c_proj": "self_attn.o_proj", "mlp.c_proj": "mlp.down_proj"}
+            if config.qkv_bias:
+                out[dst + "attn.c_attn.bias"] = torch.cat([take(src + f"self_attn.{p}.bias") for p in ("q_proj", "k_proj", "v_proj")])
+            if config.mlp_bias:
+                out[dst + "mlp.c_fc.bias"] = torch.cat([take(src + f"mlp.{p}.bias") for p in ("gate_proj", "up_proj")])
+        for ours, theirs in names.items():
+            out[dst + f"{ours}.weight"] = take(src + f"{theirs}.weight")
+            if (config.proj_bias if ours == "attn.c_proj" else config.mlp_bias):
+                out[dst + f"{ours}.bias"] = take(src + f"{theirs}.bias")
+    final = root + ("final_layer_norm." if neox else "norm.")
+    out["transformer.ln_f.weight"] = take(final + "weight")
+    if neox:
+        out["transformer.ln_f.bias"] = take(final + "bias")
+    head = "embed_out.weight" if neox else "lm_head.weight"
+    out["lm_head.weight"] = out["transformer.wte.weight"] if config.tie_weights else take(head)
+    used.add(head)  # a tied model may still store a copy of it
+    extra = sorted(set(state) - used)
+    if extra:
+        raise UserError(f"weights {', '.join(extra[:5])} are not part of a {arch} language model scratchlm computes")
+    return out

@@ -97,7 +97,8 @@ def gpt_config_from_hf(hf_config: Any) -> GPTConfig:
     raw = hf_config.to_dict() if hasattr(hf_config, "to_dict") else dict(hf_config)
     hf = {**HF_GPT2_DEFAULTS, **raw}
     if hf.get("model_type", "gpt2") != "gpt2":
-        raise UserError(f"model_type: {hf['model_type']!r} is not GPT-2; only model_type 'gpt2' can be imported")
+        raise UserError(f"model_type: {hf['model_type']!r} is not one scratchlm computes; it imports gpt2, gpt_neox "
+                        "and llama")
     if hf["add_cross_attention"]:
         raise UserError("add_cross_attention: this GPT-2 has cross-attention layers, which scratchlm's decoder-only model lacks")
     if not hf["scale_attn_weights"]:
@@ -227,7 +228,8 @@ def read_hf_weights(directory: Path | str) -> dict[str, torch.Tensor]:
 
 
 def import_hf_dir(path: Path | str) -> GPT:
-    """Load a directory written by `GPT2LMHeadModel.save_pretrained` into a scratchlm GPT."""
+    """Load a directory written by `save_pretrained` of a GPT-2, GPT-NeoX or Llama model (the
+    architectures export_hf writes) into a scratchlm GPT."""
     directory = Path(path)
     config_path = directory / "config.json"
     if not directory.is_dir():
@@ -241,6 +243,13 @@ def import_hf_dir(path: Path | str) -> GPT:
     if not isinstance(hf_config, dict) or "model_type" not in hf_config:
         hint = " (it looks like a scratchlm checkpoint, which needs no import)" if isinstance(hf_config, dict) and "model" in hf_config else ""
         raise UserError(f"model_type: {config_path} names none, so it is not a Hugging Face model config{hint}")
+    from scratchlm import hf_rotary
+
+    if hf_config["model_type"] in hf_rotary.IMPORTABLE:
+        config = hf_rotary.config_from_hf(hf_config)
+        model = GPT(config)
+        _load_checked(model, hf_rotary.state_dict_from_hf(read_hf_weights(directory), config, hf_config["model_type"]))
+        return model.eval()
     return gpt_from_hf(read_hf_weights(directory), hf_config)
 
 

@@ -382,8 +382,8 @@ CASES = [
     Case("export-hf: post-norm blocks", ["export-hf", "{d}/run", "{d}/out"], ["norm_position", "--norm_position pre"],
          _with_run(_edit_config(lambda c: c["model"].update(norm_position="post")))),
     # --- import-hf
-    Case("import-hf: a folder that is not GPT-2", ["import-hf", "{d}/hf", "{d}/out"], ["model_type", "llama"],
-         _hf_dir({"model_type": "llama"})),
+    Case("import-hf: a folder that is not GPT-2", ["import-hf", "{d}/hf", "{d}/out"], ["model_type", "bert"],
+         _hf_dir({"model_type": "bert"})),
     Case("import-hf: config.json that is not JSON", ["import-hf", "{d}/hf", "{d}/out"], ["config.json", "not valid JSON"],
          _hf_dir("{not json")),
     Case("import-hf: no weights", ["import-hf", "{d}/hf", "{d}/out"], ["model.safetensors"], _hf_dir({}, weights="none")),

@@ -96,3 +96,54 @@ def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greed
     want = generate(model, tok, prompt, max_new_tokens=24 - n_prompt, greedy=True)
     assert out == prompt + want.text
     assert len(pipe([prompt, "the queen of"], batch_size=2)) == 2  # batched: a pad token exists
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_import_hf_reads_the_export_back(tmp_path, name):
+    from scratchlm.interop import import_hf_dir
+
+    model = _model(6, **CASES[name])
+    export_hf(model, tmp_path / "hf")
+    back = import_hf_dir(tmp_path / "hf")
+    idx = torch.randint(0, BASE["vocab_size"], (2, 20), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad():
+        torch.testing.assert_close(back(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("arch", ["gpt_neox", "llama"])
+def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
+    """A random model built and saved by transformers itself, then imported: the same logits."""
+    common = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+                  max_position_embeddings=32)
+    if arch == "gpt_neox":
+        cfg = transformers.GPTNeoXConfig(**common, use_parallel_residual=False, rotary_pct=1.0, hidden_act="gelu")
+        hf = transformers.GPTNeoXForCausalLM(cfg)
+    else:
+        cfg = transformers.LlamaConfig(**common, num_key_value_heads=4, mlp_bias=True, attention_bias=True)
+        hf = transformers.LlamaForCausalLM(cfg)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in hf.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    hf.eval().save_pretrained(tmp_path / "hf")
+    from scratchlm.interop import import_hf_dir
+
+    model = import_hf_dir(tmp_path / "hf")
+    idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        torch.testing.assert_close(model(idx)[0], hf(input_ids=idx).logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("arch, change, field", [
+    ("gpt_neox", dict(use_parallel_residual=True), "use_parallel_residual"),
+    ("gpt_neox", dict(rotary_pct=0.25), "rotary_pct"),
+    ("llama", dict(num_key_value_heads=2), "num_key_value_heads"),
+])
+def test_import_hf_refuses_what_scratchlm_does_not_compute(arch, change, field):
+    from scratchlm.hf_rotary import config_from_hf
+
+    hf = {**dict(model_type=arch, vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
+                 intermediate_size=48, max_position_embeddings=32, use_parallel_residual=False), **change}
+    with pytest.raises(UserError) as info:
+        config_from_hf(hf)
+    assert str(info.value).startswith(f"{field}:")

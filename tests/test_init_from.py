@@ -95,14 +95,23 @@ def test_a_fine_tune_resumes_exactly(tmp_path, source):
         assert torch.equal(x, y), name
 
 
-def test_init_from_a_hugging_face_folder(tmp_path):
-    """A bpe run exported with export-hf (weights and tokenizer.json), then trained on from there."""
+@pytest.mark.parametrize("arch, layout", [
+    ("gpt2", MODEL),
+    ("gpt_neox", {**MODEL, "pos_embedding": "rope", "activation": "gelu"}),
+    ("llama", {**MODEL, "pos_embedding": "rope", "norm": "rmsnorm", "activation": "swiglu", "mlp_bias": False,
+               "proj_bias": False}),
+])
+def test_init_from_a_hugging_face_folder(tmp_path, arch, layout):
+    """A bpe run exported with export-hf (weights and tokenizer.json) as GPT-2, GPT-NeoX or Llama,
+    then trained on from there."""
     from scratchlm.interop import export_hf
 
     run = tmp_path / "bpe-run"
-    train(_config(tmp_path, "bpe-run", _text(tmp_path / "a.txt", 3), tokenizer="bpe", vocab_size=300, max_steps=4))
+    train(_config(tmp_path, "bpe-run", _text(tmp_path / "a.txt", 3), tokenizer="bpe", vocab_size=300, max_steps=4,
+                  model_overrides=layout))
     model, tok, _ = load_model(run)
     export_hf(model, tmp_path / "hf", tok)
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["model_type"] == arch
     cfg = _config(tmp_path, "from-hf", _text(tmp_path / "b.txt", 4), init_from=str(tmp_path / "hf"), max_steps=1,
                   model_overrides={})
     result = train(cfg)

@@ -284,7 +284,7 @@ def test_export_loads_in_transformers_with_same_logits_and_greedy(tmp_path, over
     cfg = GPTConfig(**{**dict(vocab_size=97, block_size=48, n_layer=2, n_head=4, n_embd=32), **overrides})
     ours = random_ours(cfg)
     export_hf(ours, tmp_path / "out")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     hf = AutoModelForCausalLM.from_pretrained(tmp_path / "out", attn_implementation=attn).eval()
     assert type(hf).__name__ == "GPT2LMHeadModel"
     assert hf.config.tie_word_embeddings == cfg.tie_weights
@@ -378,7 +378,7 @@ def test_char_tokenizer_is_left_out_with_a_warning(tmp_path):
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
     with pytest.warns(UserWarning, match="char tokenizer"):
         export_hf(model, tmp_path / "out", tokenizer=tok)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "model.safetensors"]
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
 
 
 @pytest.mark.slow
