@@ -256,11 +256,12 @@ def import_hf_dir(path: Path | str) -> GPT:
 def import_hf_tokenizer(path: Path | str) -> Any:
     """The tokenizer of a Hugging Face model directory as a scratchlm tokenizer, or None.
 
-    Two forms are recognised: GPT-2's own byte-level BPE (vocab.json + merges.txt or a
+    Three forms are recognised: GPT-2's own byte-level BPE (vocab.json + merges.txt or a
     tokenizer.json, 50257 ids, merges in id order, so tiktoken's rank-based BPE gives the same
     ids) becomes a `gpt2` tokenizer; a tokenizer.json holding scratchlm's <|bos|> and
-    <|endoftext|> (what `export_hf` writes for `bpe`) becomes a `bpe` tokenizer. Anything else
-    returns None: the model still imports, without a tokenizer.
+    <|endoftext|> becomes a `bpe` tokenizer (a BPE model) or a `char` one (the WordLevel model
+    export_hf writes for characters). Anything else returns None: the model still imports,
+    without a tokenizer.
     """
     from scratchlm.tokenizer import BOS, EOS, BPETokenizer
 
@@ -274,6 +275,11 @@ def import_hf_tokenizer(path: Path | str) -> Any:
             added = {t["content"] for t in spec.get("added_tokens", [])}
             if {BOS, EOS} <= added and spec.get("model", {}).get("type") == "BPE":
                 return BPETokenizer.from_file(tok_json)
+            if {BOS, EOS} <= added and spec.get("model", {}).get("type") == "WordLevel":  # export_hf's char form
+                from scratchlm.tokenizer import CharTokenizer
+
+                chars = [p for p in spec["model"]["vocab"] if p not in added]
+                return CharTokenizer(chars, unk=spec["model"].get("unk_token") is not None)
             vocab = spec.get("model", {}).get("vocab")
             merges = spec.get("model", {}).get("merges")
         elif vocab_json.is_file() and merges_txt.is_file():
@@ -401,11 +407,9 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     none fits).
 
     Writes config.json, generation_config.json and model.safetensors, plus tokenizer files for
-    `bpe` and `gpt2` tokenizers (tokenizer.json and tokenizer_config.json, and
-    vocab.json/merges.txt for gpt2). A
-    `char` tokenizer has no Hugging Face form; it is left out with a warning. The directory
-    appears complete or not at all (written beside it, then renamed); an existing non-empty
-    out_dir is refused.
+    `char`, `bpe` and `gpt2` tokenizers (tokenizer.json and tokenizer_config.json, and
+    vocab.json/merges.txt for gpt2). The directory appears complete or not at all (written beside
+    it, then renamed); an existing non-empty out_dir is refused.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
@@ -450,8 +454,26 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
+def _char_tokenizer_for_hf(tokenizer: Any) -> Any:
+    """A `tokenizers` Tokenizer that encodes and decodes as scratchlm's char tokenizer does: every
+    character its own piece (a Split pre-tokenizer), looked up in a WordLevel vocabulary of the
+    characters, then the special tokens at their ids; decoding glues the pieces (Fuse). A
+    character outside the alphabet is an error there as here (or <unk>, where the tokenizer has one)."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    specials = [tokenizer.decode([i]) for i in range(len(tokenizer.chars), tokenizer.vocab_size)]
+    vocab = {piece: i for i, piece in enumerate(list(tokenizer.chars) + specials)}
+    unk = tokenizer.decode([tokenizer.unk_id]) if getattr(tokenizer, "unk_id", None) is not None else None
+    hf_tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
+    hf_tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    hf_tok.decoder = decoders.Fuse()
+    hf_tok.add_special_tokens([AddedToken(piece, special=True, normalized=False) for piece in specials])
+    return hf_tok
+
+
 def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int) -> bool:
-    """Write files `transformers.AutoTokenizer` loads; False (with a warning) for a char tokenizer."""
+    """Write files `transformers.AutoTokenizer` loads (char, bpe and gpt2 tokenizers); False, with
+    a warning, for a kind that has no Hugging Face form."""
     kind = getattr(tokenizer, "kind", None)
     with tempfile.TemporaryDirectory() as saved:
         tokenizer.save(saved)  # the tokenizer's own public format, read back below
@@ -465,6 +487,8 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
             (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
             merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
             (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
+        elif kind == "char":
+            hf_tok = _char_tokenizer_for_hf(tokenizer)
         else:
             warnings.warn(f"a {kind} tokenizer has no Hugging Face form; exported the model without tokenizer files")
             return False

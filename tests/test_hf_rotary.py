@@ -75,8 +75,9 @@ def test_a_nonzero_head_bias_is_refused_with_its_flag(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
-@pytest.mark.parametrize("name", ["gpt2", "neox-gelu", "llama"])
-def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greedy(tmp_path, name):
+@pytest.mark.parametrize("name, kind", [("gpt2", "bpe"), ("neox-gelu", "bpe"), ("llama", "bpe"), ("neox-gelu", "char"),
+                                        ("gpt2", "char")])
+def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greedy(tmp_path, name, kind):
     """`pipeline("text-generation", model=DIR)(prompt)` with no arguments: generation_config.json
     caps prompt plus continuation at the context (transformers' own default of 20 new tokens ran
     past it) and asks for greedy decoding; a pad token lets it batch. The text equals scratchlm's
@@ -85,7 +86,7 @@ def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greed
     from scratchlm.tokenizer import train_tokenizer
 
     text = ["the king speaks to the queen of the night and the day"] * 30
-    tok = train_tokenizer("bpe", text, 300)
+    tok = train_tokenizer("bpe", text, 300) if kind == "bpe" else train_tokenizer("char", text)
     overrides = {"pos_embedding": "learned"} if name == "gpt2" else CASES[name]
     model = _model(5, **{**overrides, "vocab_size": tok.vocab_size, "block_size": 24})
     export_hf(model, tmp_path / "hf", tok)

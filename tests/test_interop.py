@@ -371,14 +371,44 @@ def test_bpe_tokenizer_exports_for_autotokenizer(tmp_path):
     assert back.kind == "bpe" and all(back.encode(t) == tok.encode(t) for t in TEXTS)
 
 
-def test_char_tokenizer_is_left_out_with_a_warning(tmp_path):
-    from scratchlm.tokenizer import train_tokenizer
+def _char_export(tmp_path, text: str, unk: bool = False):
+    from scratchlm.tokenizer import CharTokenizer
 
-    tok = train_tokenizer("char", ["hello world"])
+    tok = CharTokenizer(set(text), unk=unk)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    with pytest.warns(UserWarning, match="char tokenizer"):
-        export_hf(model, tmp_path / "out", tokenizer=tok)
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    export_hf(model, tmp_path / "out", tokenizer=tok)
+    return tok, AutoTokenizer.from_pretrained(tmp_path / "out", local_files_only=True)
+
+
+def test_char_tokenizer_exports_for_autotokenizer(tmp_path):
+    """AutoTokenizer, offline, encodes and decodes as scratchlm's char tokenizer does: every
+    character one id, special tokens typed as text stay characters, decoding glues the pieces."""
+    text = "ROMEO: but soft! what light through yonder window breaks?\n\tnaïve café — 東京 🎉 <|bos|>"
+    tok, hf = _char_export(tmp_path, text)
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [
+        "config.json", "generation_config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    for piece in (text, "ROMEO:", "", " ", "\n\n", text[::-1]):
+        assert hf(piece, add_special_tokens=False)["input_ids"] == tok.encode(piece), piece
+        assert hf.decode(tok.encode(piece)) == tok.decode(tok.encode(piece))
+    assert hf.bos_token_id == tok.bos_id and hf.eos_token_id == tok.eos_id and hf.pad_token_id == tok.eos_id
+    assert hf.decode([tok.bos_id, *tok.encode("ROMEO"), tok.eos_id]) == tok.decode([tok.bos_id, *tok.encode("ROMEO"), tok.eos_id])
+    from scratchlm.interop import import_hf_tokenizer
+
+    back = import_hf_tokenizer(tmp_path / "out")
+    assert back.kind == "char" and back.chars == tok.chars and back.encode(text) == tok.encode(text)
+
+
+def test_char_tokenizer_with_unk_exports_its_unk(tmp_path):
+    tok, hf = _char_export(tmp_path, "abc ", unk=True)
+    assert hf("abz", add_special_tokens=False)["input_ids"] == tok.encode("abz") == [1, 2, tok.unk_id]
+
+
+@needs_shared("tinyshakespeare.txt")
+def test_char_tokenizer_export_round_trips_300k_characters(tmp_path):
+    text = (SHARED_DATA / "tinyshakespeare.txt").read_text(encoding="utf-8")[:300_000]
+    tok, hf = _char_export(tmp_path, text)
+    ids = hf(text, add_special_tokens=False)["input_ids"]
+    assert ids == tok.encode(text) and hf.decode(ids) == text
 
 
 @pytest.mark.slow
