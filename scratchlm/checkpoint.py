@@ -395,6 +395,13 @@ def resolve_checkpoint(path: Path | str) -> Path:
     return ckpt
 
 
+def is_hf_config(config: Any) -> bool:
+    """Whether a parsed config.json is a Hugging Face model's (model_type or architectures, and no
+    scratchlm 'model' section)."""
+    return isinstance(config, dict) and not isinstance(config.get("model"), dict) and (
+        "model_type" in config or "architectures" in config)
+
+
 def read_config(ckpt_dir: Path | str) -> dict[str, Any]:
     path = Path(ckpt_dir) / CONFIG_FILE
     if not path.is_file():
@@ -403,8 +410,7 @@ def read_config(ckpt_dir: Path | str) -> dict[str, Any]:
         config = json.loads(path.read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: not valid JSON ({exc}); the file is damaged or truncated") from exc
-    if isinstance(config, dict) and not isinstance(config.get("model"), dict) and (
-            "model_type" in config or "architectures" in config):
+    if is_hf_config(config):
         raise UserError(f"{path.parent}: this is a Hugging Face model folder, not a scratchlm checkpoint; "
                         f"convert it first: scratchlm import-hf {path.parent} OUT_CKPT")
     if not isinstance(config, dict) or not isinstance(config.get("model"), dict):

@@ -84,14 +84,21 @@ def hf_config(config: GPTConfig, arch: str, bos_id: int | None = None, eos_id: i
             "attention_dropout": 0.0, "pretraining_tp": 1}
 
 
+def drop_zero_head_bias(state: dict[str, torch.Tensor], arch: str) -> None:
+    """Take lm_head's bias out of `state`: no exported architecture has one, so a bias of zeros
+    goes (the same function) and any other is refused."""
+    head_bias = state.pop("lm_head.bias", None)
+    if head_bias is not None and torch.count_nonzero(head_bias) > 0:
+        raise UserError(f"lm_head_bias: the model's lm_head has a nonzero bias, which {arch}'s head lacks; it "
+                        "cannot be exported without changing the model's predictions; train with --lm_head_bias "
+                        "false to export it")
+
+
 def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:
     """The model's weights under `arch`'s names and layouts (new contiguous CPU tensors)."""
     cfg = model.config
     state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-    head_bias = state.pop("lm_head.bias", None)
-    if head_bias is not None and torch.count_nonzero(head_bias) > 0:
-        raise UserError(f"lm_head_bias: the model's lm_head has a nonzero bias, which {arch}'s head lacks; train "
-                        "with --lm_head_bias false to export it")
+    drop_zero_head_bias(state, arch)
     C, H, hs, dtype = cfg.n_embd, cfg.n_head, cfg.head_dim, state["transformer.wte.weight"].dtype
 
     def bias(name: str, width: int) -> torch.Tensor:

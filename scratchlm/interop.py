@@ -363,12 +363,9 @@ def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under GPT2LMHeadModel's names and layouts (new contiguous tensors, on CPU)."""
     cfg = model.config
     state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
-    head_bias = state.pop("lm_head.bias", None)
-    if head_bias is not None and torch.count_nonzero(head_bias) > 0:
-        raise UserError(
-            "lm_head_bias: the model's lm_head has a nonzero bias, which GPT-2's head lacks; "
-            "it cannot be exported without changing the model's predictions"
-        )
+    from scratchlm.hf_rotary import drop_zero_head_bias
+
+    drop_zero_head_bias(state, "GPT-2")
     if cfg.tie_weights:
         state.pop("lm_head.weight")  # GPT-2 rebuilds the tie from wte (tie_word_embeddings)
     if cfg.pos_embedding == "sinusoidal":

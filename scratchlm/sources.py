@@ -30,6 +30,8 @@ class Source:
 
 
 def _is_hf_folder(path: Path) -> bool:
+    from scratchlm.checkpoint import is_hf_config
+
     config = path / "config.json"
     if not config.is_file():
         return False
@@ -37,7 +39,7 @@ def _is_hf_folder(path: Path) -> bool:
         values = json.loads(config.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError):
         return False
-    return isinstance(values, dict) and "model" not in values and ("model_type" in values or "architectures" in values)
+    return is_hf_config(values)
 
 
 def load_source(path: str | Path, cache: Path) -> Source:
