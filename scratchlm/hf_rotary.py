@@ -90,8 +90,8 @@ def drop_zero_head_bias(state: dict[str, torch.Tensor], arch: str) -> None:
     head_bias = state.pop("lm_head.bias", None)
     if head_bias is not None and torch.count_nonzero(head_bias) > 0:
         raise UserError(f"lm_head_bias: the model's lm_head has a nonzero bias, which {arch}'s head lacks; it "
-                        "cannot be exported without changing the model's predictions; train with --lm_head_bias "
-                        "false to export it")
+                        "cannot be exported without changing the model's predictions; train with "
+                        "--no-lm_head_bias to export it")
 
 
 def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:

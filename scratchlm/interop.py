@@ -278,8 +278,10 @@ def import_hf_tokenizer(path: Path | str) -> Any:
             if {BOS, EOS} <= added and spec.get("model", {}).get("type") == "WordLevel":  # export_hf's char form
                 from scratchlm.tokenizer import CharTokenizer
 
-                chars = [p for p in spec["model"]["vocab"] if p not in added]
-                return CharTokenizer(chars, unk=spec["model"].get("unk_token") is not None)
+                pieces = spec["model"]["vocab"]
+                chars = [p for p in pieces if p not in added]
+                # tokenizers writes unk_token "<unk>" even for a vocabulary without one
+                return CharTokenizer(chars, unk=spec["model"].get("unk_token") in pieces)
             vocab = spec.get("model", {}).get("vocab")
             merges = spec.get("model", {}).get("merges")
         elif vocab_json.is_file() and merges_txt.is_file():

@@ -213,9 +213,10 @@ class TrainConfig:
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on
-# Tiny Shakespeare this reaches validation loss 1.88 in about half the steps (see README).
+# Tiny Shakespeare this reaches validation loss 1.88 in about half the steps (see README). No bias
+# on lm_head, so the trained model is exactly a GPT-NeoX for `scratchlm export-hf`.
 _BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, activation="gelu", init="gpt2",
-             pos_embedding="rope")
+             pos_embedding="rope", lm_head_bias=False)
 
 TRAIN_PRESETS: dict[str, dict[str, Any]] = {
     "shakespeare-char": dict(
@@ -233,10 +234,12 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         eval_interval=250, eval_iters=50, log_interval=50, checkpoint_interval=500,
     ),
     # The seed's smoke model on BPE tokens trained from the data (8192 by default; works offline),
-    # a few hundred steps. With --tokenizer gpt2 (and --tokenizer_file gpt2.tiktoken when offline)
+    # a few hundred steps, without the lm_head bias so that it exports as a GPT-2 (`export-hf`).
+    # With --tokenizer gpt2 (and --tokenizer_file gpt2.tiktoken when offline) and --lm_head_bias
     # the vocabulary pads to 50304 and the model is the seed's exact 13,356,928 parameters.
     "smoke": dict(
-        model="smoke", tokenizer="bpe", pad_vocab_multiple=64, batch_size=4, max_steps=200,
+        model="smoke", model_overrides=dict(lm_head_bias=False), tokenizer="bpe", pad_vocab_multiple=64,
+        batch_size=4, max_steps=200,
         lr=3e-4, min_lr=3e-5, warmup_steps=20, eval_interval=100, eval_iters=20, log_interval=10,
         checkpoint_interval=100,
     ),
@@ -247,9 +250,11 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         dtype="auto", compile=True, eval_interval=1000, eval_iters=200, log_interval=10,
         checkpoint_interval=1000, keep_last=3,
     ),
-    # The seed's default size (about 400M parameters): activation checkpointing to fit memory.
+    # The seed's default size (about 400M parameters): activation checkpointing to fit memory; no
+    # lm_head bias, so that it exports as a GPT-2.
     "seed-400m": dict(
-        model="seed-400m", tokenizer="gpt2", pad_vocab_multiple=64, batch_size=8, grad_accum=16,
+        model="seed-400m", model_overrides=dict(lm_head_bias=False), tokenizer="gpt2", pad_vocab_multiple=64,
+        batch_size=8, grad_accum=16,
         max_steps=100000, lr=3e-4, min_lr=3e-5, warmup_steps=2000, beta2=0.95, dtype="auto",
         compile=True, activation_checkpointing=True, eval_interval=1000, eval_iters=100,
         log_interval=10, checkpoint_interval=1000, keep_last=3,

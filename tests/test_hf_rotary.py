@@ -70,7 +70,7 @@ def test_what_no_architecture_computes_is_refused_with_the_flags_that_would_do(o
 
 def test_a_nonzero_head_bias_is_refused_with_its_flag(tmp_path):
     model = _model(3, **{**CASES["neox-gelu"], "lm_head_bias": True})
-    with pytest.raises(UserError, match="--lm_head_bias false"):
+    with pytest.raises(UserError, match="--no-lm_head_bias"):
         export_hf(model, tmp_path / "hf")
     assert not (tmp_path / "hf").exists()
 

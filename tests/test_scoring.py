@@ -82,19 +82,24 @@ def test_score_text_starts_from_bos_and_counts_bytes():
         score_text(model, tok, "")
 
 
-def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys):
-    """`scratchlm eval --json` against GPT2LMHeadModel loaded offline from `export-hf`'s folder,
-    fed the same ids window by window, scoring the same targets."""
+@pytest.mark.parametrize("layout", [
+    {},  # GPT-2
+    {"pos_embedding": "rope", "activation": "gelu"},  # GPT-NeoX
+    {"pos_embedding": "rope", "norm": "rmsnorm", "activation": "swiglu", "mlp_bias": False, "proj_bias": False},  # Llama
+])
+def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys, layout):
+    """`scratchlm eval --json` against the model transformers loads offline from `export-hf`'s
+    folder (GPT-2, GPT-NeoX or Llama), fed the same ids window by window, scoring the same targets."""
     transformers = pytest.importorskip("transformers")
     from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.cli import main
     from scratchlm.interop import export_hf
 
     tok = CharTokenizer(sorted(set(TEXT)))
-    model = _model(tok.vocab_size, seed=3)
+    model = _model(tok.vocab_size, seed=3, **layout)
     ckpt = save_model_checkpoint(model, tok, tmp_path / "ckpt")
     export_hf(model, tmp_path / "hf")  # weights only: the ids are fed to transformers directly
-    hf = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
     (tmp_path / "t.txt").write_text(TEXT, encoding="utf-8")
     ids = [tok.bos_id] + tok.encode(TEXT)
     for stride in (16, 4):
