@@ -13,6 +13,7 @@ import json
 import sys
 
 from scratchlm import cli_inside
+from scratchlm.cli_flags import add_field_flags
 from scratchlm.errors import UserError
 
 MAX_PROMPT_CHARS = 1_000_000
@@ -28,7 +29,7 @@ def _add_paths_command(sub, name: str, help: str, run, *paths: tuple[str, str, s
 
 
 def _add_export_hf(sub) -> None:
-    _add_paths_command(sub, "export-hf", "write a checkpoint as a Hugging Face GPT-2 directory (loads offline in transformers)",
+    _add_paths_command(sub, "export-hf", "write a checkpoint as a Hugging Face folder: GPT-2, GPT-NeoX or Llama (loads offline in transformers)",
                        _run_export_hf, ("checkpoint", "CKPT", "a run or checkpoint directory"),
                        ("out_dir", "OUT_DIR", "directory to create (must not exist, or be empty)"))
 
@@ -50,7 +51,7 @@ def _run_export_hf(args) -> int:
 
 
 def _add_import_hf(sub) -> None:
-    _add_paths_command(sub, "import-hf", "read a local Hugging Face GPT-2 directory into a scratchlm checkpoint",
+    _add_paths_command(sub, "import-hf", "read a local Hugging Face GPT-2, GPT-NeoX or Llama folder into a scratchlm checkpoint",
                        _run_import_hf, ("hf_dir", "HF_DIR", "a directory saved by save_pretrained (config.json + weights)"),
                        ("out_ckpt", "OUT_CKPT", "checkpoint directory to create"))
 
@@ -82,20 +83,6 @@ multi-node: torchrun --nnodes 2 --node_rank R --nproc_per_node 8 --rdzv-backend 
 """
 
 
-def _parse_field_value(kind: str, optional: bool):
-    def parse(text: str):
-        if optional and text.lower() == "none":
-            return None
-        if kind == "int":
-            return int(text)
-        if kind == "float":
-            return float(text)
-        return text
-
-    parse.__name__ = kind  # argparse names the type in its error message
-    return parse
-
-
 def _add_train(sub) -> None:
     from scratchlm.train_config import TRAIN_PRESETS, cli_fields
 
@@ -108,17 +95,9 @@ def _add_train(sub) -> None:
     p.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
     train_group = p.add_argument_group("training fields (TrainConfig)")
     model_group = p.add_argument_group("model fields (GPTConfig; vocab_size comes from the tokenizer)")
-    for f in cli_fields():
-        group = model_group if f.model else train_group
-        names = [f"--{f.name}"]  # --max-steps works too: _Parser respells it
-        dest = ("model." if f.model else "train.") + f.name
-        help_text = f"{f.doc} (default: {f.default})".replace("%", "%%")
-        if f.kind == "bool":
-            group.add_argument(*names, dest=dest, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
-                               help=help_text)
-        else:
-            group.add_argument(*names, dest=dest, type=_parse_field_value(f.kind, f.optional),
-                               default=argparse.SUPPRESS, metavar=f.kind.upper(), help=help_text)
+    fields = cli_fields()  # --max-steps works too: _Parser respells it
+    add_field_flags(train_group, [f for f in fields if not f.model])
+    add_field_flags(model_group, [f for f in fields if f.model])
     p.set_defaults(run=_run_train)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+from scratchlm.cli_flags import add_model_flags, model_overrides
 from scratchlm.errors import UserError, check_output_file
 
 ATTENTION_MEGAPIXELS = 200
@@ -23,6 +24,7 @@ def add_inspect(sub) -> None:
     p.add_argument("--train-seq-len", type=int, default=None,
                    help="context length for the FLOP and memory figures (default: the model's block_size)")
     p.add_argument("--json", action="store_true", help="print the same report as JSON")
+    add_model_flags(p, "--n_layer 6, --pos_embedding rope, --tie_weights ... (not with --checkpoint)")
     p.set_defaults(run=_run_inspect)
 
 
@@ -51,9 +53,13 @@ def _load_model_for(args, default_preset: str):
 
     A preset is built on the meta device: shapes and counts need no weights, and seed-400m
     then costs no memory and no initialisation time."""
+    overrides = model_overrides(args)
     if getattr(args, "checkpoint", None):
         from scratchlm.checkpoint import load_model
 
+        if overrides:
+            raise UserError("--checkpoint shows the model it holds; drop the model flags "
+                            f"({', '.join('--' + k for k in sorted(overrides))})")
         model, _, _ = load_model(args.checkpoint)
         return model
     import torch
@@ -61,50 +67,99 @@ def _load_model_for(args, default_preset: str):
     from scratchlm.config import GPTConfig
     from scratchlm.model import GPT
 
-    cfg = GPTConfig.from_name(args.preset or default_preset)
+    cfg = GPTConfig.from_name(args.preset or default_preset, **overrides)
     with torch.device("meta"):
         return GPT(cfg)
 
 
 def add_walkthrough(sub) -> None:
-    p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, torch beside the NumPy reference")
+    from scratchlm.walkthrough_train import WALK_LR
+
+    p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, loss, backward pass, AdamW step and "
+                                           "next token, torch beside the NumPy twin")
     p.add_argument("--preset", default="hand", help="model preset (default: hand: T=3, C=2, H=2, V=5)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights (default: 0)")
-    p.add_argument("--ids", default=None,
-                   help="comma-separated token ids (default: 1,3,2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights and of the sampled "
+                                                       "next token (default: 0)")
+    p.add_argument("--tokens", metavar="A,B,...", help="names for the vocabulary's ids, one per id, which also sets "
+                                                       "V (e.g. 床,前,明,月,山)")
+    p.add_argument("--ids", default=None, help="comma-separated input ids, or token names from --tokens "
+                                               "(default: 1,3,2)")
+    p.add_argument("--targets", default=None, help="comma-separated target ids or names, one per input (default: the "
+                                                   "input shifted left by one, then the id after the last)")
+    p.add_argument("--lr", type=float, default=WALK_LR, help=f"AdamW's learning rate for the step (default: {WALK_LR})")
+    p.add_argument("--forward-only", action="store_true", help="stop at the probabilities (no loss, backward or step)")
     p.add_argument("--init", choices=("hand", "model"), default="hand",
                    help="hand: weights are multiples of 0.1 in [-1, 1], biases 0 (default); model: the model's own init")
     p.add_argument("--float32", action="store_true", help="compute in float32 instead of float64")
     p.add_argument("--json", action="store_true", help="print the same as JSON")
+    # --init here is the walkthrough's; dropout would make the two sides draw different masks
+    add_model_flags(p, "--pos_embedding rope, --norm_position post, --tie_weights ...", skip=("init", "dropout"))
     p.set_defaults(run=_run_walkthrough)
 
 
-def _run_walkthrough(args) -> int:
-    import json
+def _id_list(text: str, flag: str, labels: list[str] | None) -> list[int]:
+    """Comma-separated ids, or names from --tokens."""
+    ids = []
+    for item in (x.strip() for x in text.split(",")):
+        if labels and item in labels:
+            ids.append(labels.index(item))
+        elif item.lstrip("-").isdigit():
+            ids.append(int(item))
+        elif item:
+            known = f" or one of --tokens {','.join(labels)}" if labels else ""
+            raise UserError(f"{flag}: {item!r} is not a whole number{known}")
+    return ids
 
+
+def _walk_config(args):
+    from scratchlm.config import GPTConfig
+
+    labels = None
+    overrides = model_overrides(args)
+    if args.tokens is not None:
+        labels = [t.strip() for t in args.tokens.split(",")]
+        if len(labels) < 2 or "" in labels or len(set(labels)) != len(labels):
+            raise UserError(f"--tokens: give two or more different, non-empty names, got {args.tokens!r}")
+        overrides["vocab_size"] = len(labels)
+    return GPTConfig.from_name(args.preset, **overrides), labels
+
+
+def _run_walkthrough(args) -> int:
     import torch
 
-    from scratchlm.config import GPTConfig
     from scratchlm.walkthrough import (WALKTHROUGH_IDS, WALKTHROUGH_MAX_LINES, WALKTHROUGH_MAX_ROW, format_walkthrough,
-                                       printed_size, walkthrough, walkthrough_json)
+                                       printed_size, walkthrough_json, walkthrough_model, walkthrough_of)
+    from scratchlm.walkthrough_train import default_targets, format_training, training_json, training_size, training_walk
 
-    cfg = GPTConfig.from_name(args.preset)
-    ids = list(WALKTHROUGH_IDS)[: cfg.block_size]
-    if args.ids is not None:
-        try:
-            ids = [int(x) for x in args.ids.split(",") if x.strip()]
-        except ValueError:
-            raise UserError(f"--ids must be comma-separated whole numbers, got {args.ids!r}") from None
+    cfg, labels = _walk_config(args)
+    ids = list(WALKTHROUGH_IDS)[: cfg.block_size] if args.ids is None else _id_list(args.ids, "--ids", labels)
     if not ids or len(ids) > cfg.block_size or any(not 0 <= i < cfg.vocab_size for i in ids):
         raise UserError(f"--ids: give 1 to {cfg.block_size} ids in 0..{cfg.vocab_size - 1} for preset {args.preset}")
+    ids = [i % cfg.vocab_size for i in ids]
+    targets = default_targets(ids, cfg.vocab_size) if args.targets is None else _id_list(args.targets, "--targets", labels)
+    if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
+        raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
+    if not args.lr > 0:
+        raise UserError(f"--lr must be positive, got {args.lr}")
     lines, widest = printed_size(cfg, len(ids))
+    if not args.forward_only:
+        more, wide = training_size(cfg, len(ids))
+        lines, widest = lines + more, max(widest, wide)
     if lines > WALKTHROUGH_MAX_LINES or widest > WALKTHROUGH_MAX_ROW:
         raise UserError(f"--preset {args.preset}: the walkthrough would print about {lines:,} lines, up to {widest:,} "
                         f"numbers wide (at most {WALKTHROUGH_MAX_LINES:,} and {WALKTHROUGH_MAX_ROW}); it is for "
                         "hand-sized models: use --preset hand, or `scratchlm inspect` for shapes at any size")
-    w = walkthrough(ids, preset=args.preset, seed=args.seed, init=args.init,
-                    dtype=torch.float32 if args.float32 else torch.float64)
-    print(json.dumps(walkthrough_json(w), indent=1) if args.json else format_walkthrough(w))
+    model = walkthrough_model(cfg, args.seed, args.init, torch.float32 if args.float32 else torch.float64)
+    w = walkthrough_of(model, ids, preset=args.preset, seed=args.seed, init=args.init)
+    tw = None if args.forward_only else training_walk(model, ids, targets, lr=args.lr, seed=args.seed)
+    if args.json:
+        data = walkthrough_json(w)
+        data["labels"] = labels
+        if tw is not None:
+            data["training"] = training_json(tw)
+        print(json.dumps(data, indent=1))
+    else:
+        print(format_walkthrough(w, labels) + ("" if tw is None else format_training(tw, ids, labels)))
     return 0
 
 

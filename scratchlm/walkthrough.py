@@ -74,9 +74,9 @@ def printed_size(cfg: GPTConfig, tokens: int) -> tuple[int, int]:
     return lines, widest
 
 
-def walkthrough_model(preset: str = "hand", seed: int = 0, init: str = "hand",
+def walkthrough_model(preset: str | GPTConfig = "hand", seed: int = 0, init: str = "hand",
                       dtype: torch.dtype = torch.float64) -> GPT:
-    """The preset's model with weights a learner can multiply by hand.
+    """The preset's model (or a config's) with weights a learner can multiply by hand.
 
     init "hand": every entry of every weight matrix and embedding table drawn uniformly from
     -1.0, -0.9, ..., 1.0 (one decimal), biases 0, norm gamma 1 and beta 0. The model's own init
@@ -86,7 +86,8 @@ def walkthrough_model(preset: str = "hand", seed: int = 0, init: str = "hand",
     if init not in ("hand", "model"):
         raise ValueError(f"init must be 'hand' or 'model', got {init!r}")
     torch.manual_seed(seed)
-    model = GPT(GPTConfig.from_name(preset)).to(dtype).eval()
+    cfg = preset if isinstance(preset, GPTConfig) else GPTConfig.from_name(preset)
+    model = GPT(cfg).to(dtype).eval()
     if init == "hand":
         gen = torch.Generator().manual_seed(seed)
         with torch.no_grad():
@@ -213,21 +214,7 @@ def walkthrough_of(model: GPT, ids: Sequence[int], *, preset: str = "custom", se
     state = model.state_dict()
     reference = forward_trace(np.array(ids), params_from_state_dict(state), cfg)
     ours = torch_trace(model, ids)
-
-    weights: dict[str, np.ndarray] = {}
-    C = cfg.n_embd
-    flow_order = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f", "lm_head")
-    for name, tensor in sorted(state.items(), key=lambda kv: [kv[0].startswith(f) for f in flow_order].index(True)):
-        array = tensor.detach().cpu().numpy()
-        if name.endswith("attn.c_attn.weight"):  # rows are [W_Q; W_K; W_V]
-            stem = name[: -len("c_attn.weight")]
-            weights[stem + "W_Q"], weights[stem + "W_K"], weights[stem + "W_V"] = array[:C], array[C : 2 * C], array[2 * C :]
-        elif name.endswith("attn.c_proj.weight"):
-            weights[name[: -len("c_proj.weight")] + "W_O"] = array
-        else:
-            weights[name] = array
-    if cfg.tie_weights:
-        weights.pop("lm_head.weight", None)
+    weights = for_display(dict(model.named_parameters()), cfg.n_embd)  # a tied head appears once, as wte
 
     steps = list(_GLOBAL_STEPS)
     for i in range(cfg.n_layer):
@@ -235,59 +222,90 @@ def walkthrough_of(model: GPT, ids: Sequence[int], *, preset: str = "custom", se
     steps += _FINAL_STEPS
     result = Walkthrough(preset, seed, init, ids, cfg.to_dict(), weights)
     for key, title in steps:
-        a, b = ours[key], np.asarray(reference[key])
-        if a.shape != b.shape:
-            raise AssertionError(f"{key}: torch shape {a.shape} but NumPy shape {b.shape}")
-        a64, b64 = a.astype(np.float64), b.astype(np.float64)
-        same_inf = np.isinf(a64) & (a64 == b64)  # -inf where both mask the future: no difference
-        with np.errstate(invalid="ignore"):  # -inf - -inf, replaced by 0 just above
-            diff = float(np.max(np.where(same_inf, 0.0, np.abs(a64 - b64)))) if a.size else 0.0
-        result.steps.append(WalkStep(key, title, a, b, diff))
+        result.steps.append(compare(key, title, ours[key], reference[key]))
     return result
 
 
-def _matrix_lines(a: np.ndarray, width: int = 8) -> list[str]:
+_FLOW_ORDER = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f", "lm_head")
+
+
+def for_display(arrays: dict[str, Any], C: int) -> dict[str, np.ndarray]:
+    """Parameters (or their gradients) keyed by state-dict name, as NumPy arrays in the order the
+    data flows through them, with c_attn's rows split into W_Q, W_K, W_V and attn.c_proj named W_O."""
+    shown: dict[str, np.ndarray] = {}
+    for name, value in sorted(arrays.items(), key=lambda kv: [kv[0].startswith(f) for f in _FLOW_ORDER].index(True)):
+        array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        if name.endswith("attn.c_attn.weight"):  # rows are [W_Q; W_K; W_V]
+            stem = name[: -len("c_attn.weight")]
+            shown[stem + "W_Q"], shown[stem + "W_K"], shown[stem + "W_V"] = array[:C], array[C : 2 * C], array[2 * C :]
+        elif name.endswith("attn.c_proj.weight"):
+            shown[name[: -len("c_proj.weight")] + "W_O"] = array
+        else:
+            shown[name] = array
+    return shown
+
+
+def compare(key: str, title: str, torch_value: Any, numpy_value: Any) -> WalkStep:
+    """One station computed twice, with the largest difference (-inf in both counts as none)."""
+    a = torch_value.detach().cpu().numpy() if hasattr(torch_value, "detach") else np.asarray(torch_value)
+    b = np.asarray(numpy_value)
+    if a.shape != b.shape:
+        raise AssertionError(f"{key}: torch shape {a.shape} but NumPy shape {b.shape}")
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    same_inf = np.isinf(a64) & (a64 == b64)  # -inf where both mask the future: no difference
+    with np.errstate(invalid="ignore"):  # -inf - -inf, replaced by 0 just above
+        diff = float(np.max(np.where(same_inf, 0.0, np.abs(a64 - b64)))) if a.size else 0.0
+    return WalkStep(key, title, a, b, diff)
+
+
+def matrix_lines(a: np.ndarray, width: int = 8, exact: bool = False) -> list[str]:
+    """Rows of a matrix (a vector is one row, a number a 1 x 1 matrix), four decimals; exact:
+    three significant digits in e-notation, for gradients and updates far below 0.0001."""
+    a = np.asarray(a)
     if a.dtype == bool:
         a = a.astype(np.int64)
-    elif a.dtype.kind == "f":
+    elif a.dtype.kind == "f" and not exact:
         a = np.where(np.abs(a) < 5e-5, 0.0, a)  # what prints as 0.0000 shows no sign
-    if a.ndim == 1:
-        a = a[None, :]
-    return ["[" + " ".join(f"{x:>{width}.4f}" if a.dtype.kind == "f" else f"{x:>{width}d}" for x in row) + " ]" for row in a]
+    a = a.reshape(1, -1) if a.ndim < 2 else a
+    if a.dtype.kind != "f":
+        return ["[" + " ".join(f"{x:>{width}d}" for x in row) + " ]" for row in a]
+    spec = f">{width + 2}.2e" if exact else f">{width}.4f"
+    return ["[" + " ".join(format(x, spec) for x in row) + " ]" for row in a]
 
 
-def _side_by_side(left: np.ndarray, right: np.ndarray, indent: str = "    ") -> list[str]:
+def side_by_side(left: np.ndarray, right: np.ndarray, indent: str = "    ", exact: bool = False) -> list[str]:
     """Rows of the torch matrix and the NumPy matrix next to each other; (H, ...) per head."""
     if left.ndim == 3:
         lines = []
         for h in range(left.shape[0]):
             lines.append(f"{indent}head {h}:")
-            lines += _side_by_side(left[h], right[h], indent + "  ")
+            lines += side_by_side(left[h], right[h], indent + "  ", exact)
         return lines
-    a, b = _matrix_lines(left), _matrix_lines(right)
+    a, b = matrix_lines(left, exact=exact), matrix_lines(right, exact=exact)
     pad = max(len(s) for s in a)
     return [f"{indent}{x:<{pad}}   {y}" for x, y in zip(a, b)]
 
 
-def format_walkthrough(w: Walkthrough) -> str:
+def format_walkthrough(w: Walkthrough, labels: Sequence[str] | None = None) -> str:
     cfg = w.config
     drawn = "multiples of 0.1 in [-1, 1]" if w.init == "hand" else "the model's own initialisation"
     lines = [
         f"walkthrough: preset {w.preset}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}, "
         f"hs={cfg['n_embd'] // cfg['n_head']}, N={cfg['n_layer']}, V={cfg['vocab_size']}), seed {w.seed}, "
         f"weights: {drawn}",
-        f"input ids: {w.ids}",
+        f"input ids: {w.ids}" + (f"  ({' '.join(labels[i] for i in w.ids)}; vocabulary: "
+                                 f"{', '.join(f'{i} {t}' for i, t in enumerate(labels))})" if labels else ""),
         "",
         "weights (torch Linear layout: (out, in), so a layer computes x @ W^T + b):",
     ]
     for name, array in w.weights.items():
         lines.append(f"  {name}  {tuple(array.shape)}")
-        lines += ["    " + s for s in _matrix_lines(array)]
+        lines += ["    " + s for s in matrix_lines(array)]
     lines += ["", "forward pass, torch (left) and NumPy reference (right):"]
     for s in w.steps:
         lines.append("")
         lines.append(f"  {s.key}: {s.title}   max |torch - numpy| = {s.max_diff:.1e}")
-        lines += _side_by_side(s.torch, s.numpy)
+        lines += side_by_side(s.torch, s.numpy)
     lines += ["", f"largest difference over all steps: {w.max_diff:.3e}"]
     return "\n".join(lines)
 
