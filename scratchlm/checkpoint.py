@@ -418,7 +418,7 @@ def read_config(ckpt_dir: Path | str) -> dict[str, Any]:
     return config
 
 
-def _load_tokenizer_near(ckpt_dir: Path) -> Any:
+def load_tokenizer_near(ckpt_dir: Path) -> Any:
     """The tokenizer saved in the checkpoint directory or in its run directory, or None."""
     for directory in (ckpt_dir / TOKENIZER_DIR, ckpt_dir.parent / TOKENIZER_DIR):
         if directory.is_dir():
@@ -445,7 +445,7 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     weights = _read_weights(ckpt / WEIGHTS_FILE)
     model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
     model.to(device).eval()
-    tokenizer = _load_tokenizer_near(ckpt)
+    tokenizer = load_tokenizer_near(ckpt)
     if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
         raise UserError(f"{ckpt}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {model_config.vocab_size}; "
                         "they do not belong together. Put the run's own tokenizer/ folder beside the checkpoint")

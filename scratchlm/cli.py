@@ -374,6 +374,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_train(sub)
     cli_inside.add_plot(sub)
     cli_inside.add_walkthrough(sub)
+    cli_inside.add_tokenize(sub)
     cli_inside.add_attention(sub)
     _add_export_hf(sub)
     _add_import_hf(sub)

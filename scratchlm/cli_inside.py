@@ -163,6 +163,55 @@ def _run_walkthrough(args) -> int:
     return 0
 
 
+def add_tokenize(sub) -> None:
+    p = sub.add_parser("tokenize", help="text -> pieces -> ids, with BOS, and the training row's x / y shift")
+    p.add_argument("text", nargs="?", help="the text (default: stdin)")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--tokenizer", choices=("char", "bpe", "gpt2"), default="char",
+                     help="char: the characters of this text; bpe: a byte-level BPE trained on this text alone "
+                          "(--vocab-size); gpt2: GPT-2's (default: char)")
+    src.add_argument("--checkpoint", metavar="RUN_OR_CKPT_DIR", help="the tokenizer a run trained with")
+    p.add_argument("--vocab-size", type=int, default=300, help="size of the bpe tokenizer to train (default: 300: "
+                                                                "256 bytes, 2 special ids, 42 merges)")
+    p.add_argument("--tokenizer-file", metavar="PATH", help="gpt2: its gpt2.tiktoken rank file (works offline)")
+    p.add_argument("--block-size", type=int, help="cut the training row to block_size + 1 ids (default: all)")
+    p.add_argument("--json", action="store_true", help="print the same as JSON")
+    p.set_defaults(run=_run_tokenize)
+
+
+def _run_tokenize(args) -> int:
+    import sys
+
+    from scratchlm.tokenize_view import format_tokenize, tokenize_report
+
+    text = args.text if args.text is not None else sys.stdin.read(1_000_000)
+    if not text:
+        raise UserError("give some text to tokenize (an argument, or on stdin)")
+    if args.block_size is not None and args.block_size < 1:
+        raise UserError(f"--block-size must be positive, got {args.block_size}")
+    tokenizer, source = _tokenizer_for(args, text)
+    report = tokenize_report(tokenizer, text, source, args.block_size)
+    print(json.dumps(report, ensure_ascii=False, indent=1) if args.json else format_tokenize(report, tokenizer))
+    return 0
+
+
+def _tokenizer_for(args, text: str):
+    from scratchlm.tokenizer import get_tokenizer, train_tokenizer
+
+    if args.checkpoint:
+        from scratchlm.checkpoint import load_tokenizer_near, resolve_checkpoint
+
+        tokenizer = load_tokenizer_near(resolve_checkpoint(args.checkpoint))
+        if tokenizer is None:
+            raise UserError(f"{args.checkpoint}: no tokenizer saved with this checkpoint or its run")
+        return tokenizer, f"the tokenizer of {args.checkpoint}"
+    if args.tokenizer == "char":
+        return train_tokenizer("char", [text]), "the characters of this text"
+    if args.tokenizer == "bpe":
+        return train_tokenizer("bpe", [text], args.vocab_size), f"trained on this text alone, up to {args.vocab_size} ids"
+    return get_tokenizer("gpt2", tokenizer_file=args.tokenizer_file), "GPT-2's 50,257 ids"
+
+
 def add_attention(sub) -> None:
     p = sub.add_parser("attention", help="attention heatmaps per layer and head for a prompt (PNG)")
     p.add_argument("--checkpoint", required=True, metavar="DIR", help="a run or checkpoint directory")

@@ -22,7 +22,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -360,6 +360,24 @@ Tokenizer = CharTokenizer | BPETokenizer | GPT2Tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # construction, saving, loading
+
+
+def complete_pieces(tokenizer: Any, ids: Sequence[int]) -> list[tuple[list[int], str]]:
+    """The ids grouped so that each group decodes to whole characters: a byte-level token that
+    holds part of a character's UTF-8 bytes (猫 is three bytes, often three GPT-2 tokens) is
+    joined with the tokens that complete it. Returns (ids, text) per group; a group still
+    incomplete at the end keeps the replacement character its decoding gives."""
+    groups: list[tuple[list[int], str]] = []
+    group: list[int] = []
+    for i in ids:
+        group.append(int(i))
+        text = tokenizer.decode(group)
+        if "\ufffd" not in text or len(group) >= 4:  # a UTF-8 character is at most 4 bytes
+            groups.append((group, text))
+            group = []
+    if group:
+        groups.append((group, tokenizer.decode(group)))
+    return groups
 
 
 def _write_json(path: Path, obj: dict) -> None:
