@@ -304,6 +304,114 @@ def test_kv_cache_decoding_matches_full_forward(pos):
         assert cache.length == 20
 
 
+@pytest.mark.parametrize("pos", ["learned", "rope"])
+def test_prefill_in_chunks_after_cached_positions_matches_full_forward(pos):
+    """A prompt fed in chunks of 1, 3 and 4 ids: each chunk after the first attends to the cached
+    keys through the explicit mask (_attention_mask with past > 0), diagonal included."""
+    cfg = GPTConfig(vocab_size=61, block_size=16, n_layer=2, n_head=4, n_embd=32, pos_embedding=pos)
+    model = make_model(cfg)
+    idx = torch.randint(0, 61, (2, 8), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        full, _ = model(idx)
+        cache = KVCache(cfg, batch_size=2)
+        start = 0
+        for size in (1, 3, 4):
+            part, _ = model(idx[:, start : start + size], kv_cache=cache)
+            torch.testing.assert_close(part, full[:, start : start + size], rtol=0, atol=1e-5)
+            start += size
+        # the attention layer itself refuses a chunk after cached positions without a mask
+        cache = KVCache(cfg, batch_size=2)
+        model(idx[:, :2], kv_cache=cache)
+        with pytest.raises(ValueError, match="explicit mask"):
+            model.transformer.h[0].attn(torch.zeros(2, 3, cfg.n_embd), kv_cache=cache)
+
+
+def test_sdpa_impl_calls_sdpa_and_explicit_does_not(monkeypatch):
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    model = make_model(tiny())
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    with torch.no_grad():
+        model(idx)
+        assert len(calls) == 2  # one per block
+        model.set_attention_impl("explicit")
+        model(idx)
+        assert len(calls) == 2
+
+
+def test_a_config_changed_after_creation_is_still_validated():
+    cfg = tiny()
+    cfg.n_head = 3  # 8 is not divisible by 3
+    with pytest.raises(ValueError, match="n_head"):
+        GPT(cfg)
+
+
+@pytest.mark.parametrize("pos, buffers", [("sinusoidal", {"pos_table"}), ("rope", {"rope_cos", "rope_sin"})])
+def test_fixed_position_tables_are_buffers_left_out_of_the_state_dict(pos, buffers):
+    model = make_model(tiny(pos_embedding=pos))
+    assert buffers <= {n for n, _ in model.named_buffers()}
+    assert not buffers & set(model.state_dict())  # recomputed, never saved in a checkpoint
+
+
+@pytest.mark.parametrize("norm", ["layernorm", "rmsnorm"])
+def test_init_weights_resets_norms_of_a_model_built_on_the_meta_device(norm):
+    """Large models are built on meta, given memory with to_empty (garbage), then init_weights:
+    norms must come out as gamma 1, beta 0, whatever the memory held."""
+    with torch.device("meta"):
+        model = GPT(tiny(norm=norm, init="gpt2"))
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(3.0)
+    model.init_weights()
+    norms = [m for m in model.modules() if isinstance(m, (nn.LayerNorm, nn.RMSNorm))]
+    assert len(norms) == 5
+    for m in norms:
+        assert torch.equal(m.weight, torch.ones_like(m.weight))
+        if getattr(m, "bias", None) is not None:
+            assert torch.equal(m.bias, torch.zeros_like(m.bias))
+
+
+def test_training_path_loss_equals_cross_entropy_of_the_logits():
+    import torch.nn.functional as F
+
+    model = make_model(tiny(lm_head_bias=True))
+    idx = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(1))
+    targets = torch.randint(0, 13, (2, 8), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits, _ = model(idx)
+        none, loss = model(idx, targets, return_logits=False)
+    assert none is None
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 13), targets.reshape(-1)), rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="needs targets"):
+        model(idx, return_logits=False)
+
+
+def test_eval_mode_switches_dropout_off_and_restores_the_mode():
+    from scratchlm.model import eval_mode
+
+    model = GPT(tiny(dropout=0.5)).train()
+    idx = torch.randint(0, 13, (1, 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad(), eval_mode(model):
+        assert not model.training
+        a, b = model(idx)[0], model(idx)[0]
+    assert torch.equal(a, b) and model.training  # no dropout inside; training again after
+
+
+def test_gradient_checkpointing_recomputes_each_block_in_backward():
+    model = GPT(tiny()).train()
+    model.gradient_checkpointing = True
+    calls = []
+    for block in model.transformer.h:
+        block.register_forward_pre_hook(lambda *args: calls.append(1))  # recompute may stop before the end
+    _, loss = model(torch.zeros(1, 4, dtype=torch.long), torch.zeros(1, 4, dtype=torch.long))
+    assert len(calls) == 2
+    loss.backward()
+    assert len(calls) == 4  # each block ran again during backward
+
+
 # ---------------------------------------------------------------- initialisation (the seed's xavier, GPT-2's)
 
 
@@ -343,6 +451,7 @@ def test_gpt2_init_scales_residual_projections():
         expected = residual_std if name.endswith("c_proj") else 0.02
         seen_proj += name.endswith("c_proj")
         assert lin.weight.std().item() == pytest.approx(expected, rel=0.05), name
+        assert abs(lin.weight.mean().item()) < 0.05 * expected, name  # centred on 0
         if lin.bias is not None:
             assert torch.count_nonzero(lin.bias) == 0, name
     assert seen_proj == 2 * 8  # attn.c_proj and mlp.c_proj in every block
