@@ -225,6 +225,9 @@ def add_attention(sub) -> None:
 
 
 def _run_attention(args) -> int:
+    import sys
+    import warnings
+
     from scratchlm.checkpoint import load_model
     from scratchlm.attention_maps import attention_figure, attention_weights, save_figure, token_labels
 
@@ -246,11 +249,20 @@ def _run_attention(args) -> int:
         raise UserError(f"the prompt is {len(ids)} tokens, longer than the context length {model.config.block_size}; shorten it")
     weights = attention_weights(model, ids)
     try:
-        fig = attention_figure(weights, token_labels(tokenizer, ids), layers=args.layer, heads=args.head, dpi=args.dpi)
+        with warnings.catch_warnings(record=True) as caught_early:
+            warnings.simplefilter("always")
+            fig = attention_figure(weights, token_labels(tokenizer, ids), layers=args.layer, heads=args.head,
+                                   dpi=args.dpi)
     except ValueError as exc:
         raise UserError(f"{exc}; choose with --layer / --head") from None
-    out = save_figure(fig, args.out)
-    print(f"wrote {out} ({len(fig.axes)} panels, {len(ids)} tokens)")
+    for w in caught_early:
+        print(f"warning: {w.message}", file=sys.stderr)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = save_figure(fig, args.out)
+    for w in caught:  # one plain line each (no font for some labels), not Python's warning format
+        print(f"warning: {w.message}", file=sys.stderr)
+    print(f"wrote {out} ({sum(1 for ax in fig.axes if ax.images)} panels, {len(ids)} tokens)")
     return 0
 
 

@@ -9,6 +9,7 @@ import math
 import shutil
 import subprocess
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -342,12 +343,12 @@ def test_attention_png_has_the_expected_size_and_panels(tmp_path, capsys):
     out = tmp_path / "maps" / "att.png"
     assert main(["attention", "--checkpoint", str(ckpt), "--prompt", "the cat", "--out", str(out), "--dpi", "50"]) == 0
     image = matplotlib.image.imread(out)
-    assert image.shape[:2] == (2 * 3 * 50, 2 * 3 * 50)  # 2 layers x 2 heads of 3-inch panels at 50 dpi
+    assert image.shape[:2] == (2 * 3 * 50, (2 * 3 + 1) * 50)  # 2 layers x 2 heads of 3-inch panels, a colorbar inch
     assert not list(out.parent.glob(".*tmp"))
 
     assert main(["attention", "--checkpoint", str(ckpt), "--prompt", "at", "--out", str(out), "--dpi", "40",
                  "--layer", "1", "--head", "0", "--head", "1"]) == 0
-    assert matplotlib.image.imread(out).shape[:2] == (1 * 3 * 40, 2 * 3 * 40)
+    assert matplotlib.image.imread(out).shape[:2] == (1 * 3 * 40, (2 * 3 + 1) * 40)
 
     model_weights = amaps.attention_weights(_model(vocab_size=tok.vocab_size, block_size=16), tok.encode("the cat"))
     fig = amaps.attention_figure(model_weights, amaps.token_labels(tok, tok.encode("the cat")), layers=[0, 1], heads=[1])
@@ -368,29 +369,72 @@ def _has_cjk_font() -> bool:
     return amaps.find_font_for("注意力") is not None
 
 
-@pytest.mark.skipif(not _has_cjk_font(), reason="no font with Chinese glyphs is installed (e.g. fonts-noto-cjk)")
-def test_cjk_labels_render_without_missing_glyph_warnings(tmp_path):
-    from scratchlm.tokenizer import CharTokenizer
+needs_cjk_font = pytest.mark.skipif(not _has_cjk_font(), reason="no font with Chinese glyphs is installed "
+                                    "(apt-get install fonts-wqy-microhei or fonts-noto-cjk)")
+PICTURES = Path(__file__).resolve().parents[1] / ".test-pictures"  # git-ignored: pictures for people to look at
 
-    tok = CharTokenizer.train(["床前明月光"])
-    ids = tok.encode("床前明月光")
-    weights = amaps.attention_weights(_model(vocab_size=tok.vocab_size), ids)
+
+def _draw_without_missing_glyphs(tok, prompt: str, out: Path) -> tuple[list[str], object]:
+    ids = tok.encode(prompt)
+    labels = amaps.token_labels(tok, ids)
+    weights = amaps.attention_weights(_model(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2), ids)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        fig = amaps.attention_figure(weights, amaps.token_labels(tok, ids))
-        fig.savefig(tmp_path / "cjk.png", dpi=fig.dpi)  # drawing is where matplotlib reports missing glyphs
-    assert not [w for w in caught if "missing from font" in str(w.message)], [str(w.message) for w in caught]
-    assert not [w for w in caught if "no installed font" in str(w.message)]
+        fig = amaps.attention_figure(weights, labels)
+        amaps.save_figure(fig, out)  # drawing is where matplotlib reports a missing glyph, one by one
+    assert not [w for w in caught if "missing from font" in str(w.message) or "no installed font" in str(w.message)], \
+        [str(w.message) for w in caught]
+    assert (out.stat().st_mode & 0o777) == 0o644
+    return labels, fig
+
+
+@needs_cjk_font
+def test_a_mixed_english_chinese_prompt_draws_every_label(tmp_path):
+    """"The cat 爱 the mat。": Latin letters and ␣ from DejaVu Sans, 爱 and 。 from a CJK font, each
+    character drawn by the first family of the list that has it (fontconfig says which have it)."""
+    from scratchlm.tokenizer import CharTokenizer
+
+    prompt = "The cat 爱 the mat。"
+    tok = CharTokenizer.train([prompt])
+    labels, fig = _draw_without_missing_glyphs(tok, prompt, tmp_path / "mixed.png")
+    fonts, missing = amaps.fonts_for("".join(labels))
+    assert missing == "" and fonts[0] == "DejaVu Sans" and len(fonts) >= 2
+    if shutil.which("fc-list"):  # an independent judge of which families hold each glyph
+        for ch in {c for c in "".join(labels) if not c.isspace()}:
+            holders = subprocess.run(["fc-list", f":charset={ord(ch):x}", "family"], capture_output=True,
+                                     text=True).stdout
+            assert any(f in holders for f in fonts), (ch, fonts)
+    panel = [ax for ax in fig.axes if ax.images][0]
+    rotations = {t.get_text(): t.get_rotation() for t in panel.get_xticklabels()}
+    assert rotations["爱"] == 0 and rotations["T"] == 90  # CJK upright, Latin turned
+    assert len(fig.axes) == 3  # two heads and one colorbar
+    PICTURES.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "mixed.png", PICTURES / "attention-mixed.png")
+
+
+@needs_cjk_font
+def test_a_byte_bpe_prompt_labels_whole_characters(tmp_path):
+    from scratchlm.tokenizer import train_tokenizer
+
+    prompt = "The cat 爱 the mat。"
+    tok = train_tokenizer("bpe", ["The cat sat on the mat."] * 5, 270)  # no merges for 爱: three byte tokens
+    labels, _ = _draw_without_missing_glyphs(tok, prompt, tmp_path / "bpe.png")
+    assert "\ufffd" not in "".join(labels)
+    assert [lab for lab in labels if "爱" in lab] == ["\u2423爱[1/3]", "\u2423爱[2/3]", "\u2423爱[3/3]"] or \
+        [lab for lab in labels if "爱" in lab] == ["爱[1/3]", "爱[2/3]", "爱[3/3]"]
+    PICTURES.mkdir(exist_ok=True)
+    shutil.copy(tmp_path / "bpe.png", PICTURES / "attention-byte-bpe.png")
 
 
 def test_missing_font_falls_back_with_one_warning(tmp_path, monkeypatch):
-    monkeypatch.setattr(amaps, "find_font_for", lambda text: None)
+    monkeypatch.setattr(amaps, "fonts_for", lambda text: (["DejaVu Sans"], "\u2f00\u2f01\u2f02"))
     weights = [np.tril(np.ones((1, 3, 3))) / np.arange(1, 4)[:, None]]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fig = amaps.attention_figure(weights, ["\u2f00", "\u2f01", "\u2f02"])
         amaps.save_figure(fig, tmp_path / "x.png")
     assert len(caught) == 1 and "no installed font" in str(caught[0].message)
+    assert "fonts-noto-cjk" in str(caught[0].message)
     assert (tmp_path / "x.png").stat().st_size > 0
 
 
