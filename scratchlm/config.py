@@ -184,8 +184,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "smoke": dict(_SEED, vocab_size=50304, block_size=256, n_layer=2, n_head=4, n_embd=128),
     # The seed's default size (about 400M parameters); H and context are not given by the seed.
     "seed-400m": dict(_SEED, vocab_size=50304, block_size=1024, n_layer=24, n_head=16, n_embd=1024),
-    # The seed's readable training example (chapter 02): an 8192-token BPE.
-    "readable": dict(_SEED, vocab_size=8192, block_size=128, n_layer=2, n_head=4, n_embd=128),
+    # The seed's readable training example (chapter 02: PyTorch's TransformerEncoderLayer, pre-norm,
+    # GELU, biases on every projection, an lm_head without one, an 8192-token BPE): 2,510,336 parameters.
+    "readable": dict(_SEED, vocab_size=8192, block_size=128, n_layer=2, n_head=4, n_embd=128, activation="gelu",
+                     qkv_bias=True, lm_head_bias=False),
     # Every number printable by hand (station 22): 3 tokens, C=2, H=2, V=5.
     "hand": dict(_SEED, vocab_size=5, block_size=3, n_layer=1, n_head=2, n_embd=2),
     # GPT-2 small, exactly: the seed's layout but for GELU (tanh form), a tied head without bias,

@@ -79,6 +79,19 @@ def test_smoke_has_exactly_13356928_parameters():
     assert model.num_params(embeddings=False) == 13_356_928 - V * C - T * C
 
 
+def test_readable_is_seed_002s_model_with_2510336_parameters():
+    """Seed 002's model: nn.TransformerEncoderLayer(d_model=128, nhead=4, dim_feedforward=512,
+    activation="gelu", norm_first=True) x 2, learned positions (128), a final LayerNorm and
+    lm_head = nn.Linear(128, 8192, bias=False), counted by hand from those modules:"""
+    V, T, C = 8192, 128, 128
+    layer = (3 * C * C + 3 * C) + (C * C + C) + (C * 4 * C + 4 * C) + (4 * C * C + C) + 2 * 2 * C  # in/out proj, FFN, 2 LN
+    by_hand = V * C + T * C + 2 * layer + 2 * C + V * C
+    assert by_hand == 2_510_336
+    cfg = GPTConfig.from_name("readable")
+    assert (cfg.activation, cfg.norm_position, cfg.pos_embedding) == ("gelu", "pre", "learned")
+    assert count_unique_params(make_model(cfg)) == by_hand
+
+
 def test_gpt2_124m_has_exactly_124439808_parameters():
     cfg = GPTConfig.from_name("gpt2-124m")
     assert expected_param_count(cfg) == 124_439_808
