@@ -77,7 +77,12 @@ def add_walkthrough(sub) -> None:
 
     p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, loss, backward pass, AdamW step and "
                                            "next token, torch beside the NumPy twin")
-    p.add_argument("--preset", default="hand", help="model preset (default: hand: T=3, C=2, H=2, V=5)")
+    p.add_argument("--preset", default=None, help="model preset (default: hand: T=3, C=2, H=2, V=5)")
+    p.add_argument("--checkpoint", metavar="RUN_OR_CKPT_DIR", help="walk a trained model instead: --layer/--head "
+                                                                    "in full, every other station as one line")
+    p.add_argument("--text", help="with --checkpoint: the input as text, encoded by the run's tokenizer")
+    p.add_argument("--layer", type=int, default=0, help="with --checkpoint: the layer printed in full (default: 0)")
+    p.add_argument("--head", type=int, default=0, help="with --checkpoint: the head printed in full (default: 0)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random initial weights and of the sampled "
                                                        "next token (default: 0)")
     p.add_argument("--tokens", metavar="A,B,...", help="names for the vocabulary's ids, one per id, which also sets "
@@ -131,6 +136,11 @@ def _run_walkthrough(args) -> int:
                                        printed_size, walkthrough_json, walkthrough_model, walkthrough_of)
     from scratchlm.walkthrough_train import default_targets, format_training, training_json, training_size, training_walk
 
+    if args.checkpoint:
+        return _walk_checkpoint(args)
+    if args.text is not None:
+        raise UserError("--text needs --checkpoint (a preset has no tokenizer; use --tokens and --ids)")
+    args.preset = args.preset or "hand"
     cfg, labels = _walk_config(args)
     ids = list(WALKTHROUGH_IDS)[: cfg.block_size] if args.ids is None else _id_list(args.ids, "--ids", labels)
     if not ids or len(ids) > cfg.block_size or any(not 0 <= i < cfg.vocab_size for i in ids):
@@ -210,6 +220,70 @@ def _tokenizer_for(args, text: str):
     if args.tokenizer == "bpe":
         return train_tokenizer("bpe", [text], args.vocab_size), f"trained on this text alone, up to {args.vocab_size} ids"
     return get_tokenizer("gpt2", tokenizer_file=args.tokenizer_file), "GPT-2's 50,257 ids"
+
+
+WALK_CHECKPOINT_MAX_TOKENS = 32
+"""The longest input walked through a checkpoint: its (T, T) scores print one row per token."""
+
+
+def _walk_checkpoint(args) -> int:
+    import torch
+
+    from scratchlm.checkpoint import load_model
+    from scratchlm.tokenize_view import piece_labels, visible
+    from scratchlm.walkthrough import format_focus, walkthrough_json, walkthrough_of
+    from scratchlm.walkthrough_train import (default_targets, format_training_summary, training_json,
+                                             training_walk)
+
+    given = [flag for flag, on in (("--preset", args.preset), ("--tokens", args.tokens), ("--float32", args.float32),
+                                   ("--init", args.init != "hand")) if on] + [f"--{k}" for k in model_overrides(args)]
+    if given:
+        raise UserError(f"--checkpoint walks the model it holds; drop {', '.join(given)}")
+    model, tokenizer, _ = load_model(args.checkpoint)
+    cfg = model.config
+    if tokenizer is None and args.ids is None:
+        raise UserError(f"{args.checkpoint}: no tokenizer saved with it; give the input as --ids")
+    if args.text is not None and args.ids is not None:
+        raise UserError("give the input as --text or as --ids, not both")
+    if args.ids is not None:
+        ids = _id_list(args.ids, "--ids", None)
+        targets = None if args.targets is None else _id_list(args.targets, "--targets", None)
+    else:  # the text is a training row: BOS (a document's start), then its ids; x = row[:-1], y = row[1:]
+        row = [tokenizer.bos_id, *tokenizer.encode(args.text if args.text is not None else "ROMEO:")]
+        ids, targets = row[:-1], row[1:]
+    if not ids or len(ids) > min(cfg.block_size, WALK_CHECKPOINT_MAX_TOKENS) or any(not 0 <= i < cfg.vocab_size for i in ids):
+        raise UserError(f"the input must be 1 to {min(cfg.block_size, WALK_CHECKPOINT_MAX_TOKENS)} tokens with ids in "
+                        f"0..{cfg.vocab_size - 1}; got {len(ids)} tokens")
+    for flag, value, n in (("--layer", args.layer, cfg.n_layer), ("--head", args.head, cfg.n_head)):
+        if not 0 <= value < n:
+            raise UserError(f"{flag} {value} does not exist; the model has {n} (0..{n - 1})")
+    for module in model.modules():  # the walk compares with NumPy, which has no dropout
+        if isinstance(module, torch.nn.Dropout):
+            module.p = 0.0
+        if isinstance(getattr(module, "dropout", None), float):
+            module.dropout = 0.0
+    cfg.dropout = 0.0
+    model = model.double()  # float64 on both sides: differences at rounding level, ~1e-15
+    name = (lambda i: visible(tokenizer.decode([i]))) if tokenizer is not None else str  # noqa: E731
+    labels = piece_labels(tokenizer, ids) if tokenizer is not None else [str(i) for i in ids]
+    w = walkthrough_of(model, ids, preset=str(args.checkpoint), init="trained")
+    probs = {s.key: s for s in w.steps}["probs"].torch[-1]
+    top = [(int(i), name(int(i)), float(probs[i])) for i in probs.argsort()[::-1][:5]]
+    targets = default_targets(ids, cfg.vocab_size) if targets is None else targets
+    if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
+        raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
+    tw = None if args.forward_only else training_walk(model, ids, targets, lr=args.lr, seed=args.seed)
+    if args.json:
+        data = {**walkthrough_json(w), "labels": labels, "next": top}
+        if tw is not None:
+            data["training"] = training_json(tw)
+        print(json.dumps(data))
+        return 0
+    text = format_focus(w, args.layer, args.head, labels, top, str(args.checkpoint))
+    if tw is not None:
+        text += format_training_summary(tw, labels, [name(t) for t in targets])
+    print(text)
+    return 0
 
 
 def add_attention(sub) -> None:

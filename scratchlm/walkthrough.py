@@ -334,3 +334,33 @@ def walkthrough_json(w: Walkthrough) -> dict[str, Any]:
         ],
         "max_diff": w.max_diff,
     }
+
+
+_PER_HEAD = {"q", "k", "v", "scores", "masked_scores", "weights", "heads"}
+
+
+def format_focus(w: Walkthrough, layer: int, head: int, labels: Sequence[str], top: list[tuple[int, str, float]],
+                 source: str) -> str:
+    """The walkthrough of a real (trained) model, readable: layer `layer`'s head `head` printed in
+    full (its Q, K, V, scores, weights and output), every other station as one line with its shape
+    and the largest |torch - numpy|, then the most likely next tokens. labels: one per input id;
+    top: (id, label, probability) at the last position."""
+    cfg = w.config
+    lines = [f"walkthrough: {source}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}, "
+             f"hs={cfg['n_embd'] // cfg['n_head']}, N={cfg['n_layer']}, V={cfg['vocab_size']}); layer {layer}, "
+             f"head {head} in full, every other station as its shape and the largest |torch - numpy|",
+             "input: " + "  ".join(f"{i} {label}" for i, label in zip(w.ids, labels)), "",
+             "forward pass, torch (left) and NumPy reference (right):"]
+    for s in w.steps:
+        block, _, name = s.key.partition(".")
+        if block == f"h{layer}" and name in _PER_HEAD:
+            lines += ["", f"  {s.key}, head {head}: {s.title}   max |torch - numpy| = {s.max_diff:.1e}"]
+            wide = s.torch.shape[-1] > 12  # a head's hs columns: torch's alone, NumPy's equal within the diff
+            lines += ["    " + x for x in matrix_lines(s.torch[head])] if wide else side_by_side(s.torch[head], s.numpy[head])
+            lines.append("")
+        else:
+            lines.append(f"  {s.key:<20} {str(tuple(s.torch.shape)):<14} max |torch - numpy| = {s.max_diff:.1e}")
+    lines += ["", "next token at the last position (the most likely):"]
+    lines += [f"  {i:>7} {label:<12} p = {p:.4f}" for i, label, p in top]
+    lines += ["", f"largest difference over all steps: {w.max_diff:.3e}"]
+    return "\n".join(lines)

@@ -201,3 +201,27 @@ def training_size(cfg, tokens: int) -> tuple[int, int]:
     lines += 4 + sum(1 + 6 * (1 + rows(p.shape)) for p in params.values()) + 8  # AdamW, then the tail
     widest = max([cfg.vocab_size, tokens] + [p.shape[-1] for p in params.values()])
     return lines, widest
+
+
+def format_training_summary(walk: TrainingWalk, labels: Sequence[str], target_labels: Sequence[str]) -> str:
+    """The training half of a real model in one line per station (its matrices are too big to
+    print): the per-position losses in full, then each gradient's and each AdamW quantity's
+    largest |torch - numpy|."""
+    steps = {s.key: s for s in walk.steps}
+    per = steps["per_position"]
+    lines = ["", "loss: each position's input -> target, and -log p(target), torch | NumPy:"]
+    lines += [f"  {a:<12} -> {b:<12} {x:.6f} | {y:.6f}" for a, b, x, y in zip(labels, target_labels, per.torch, per.numpy)]
+    lines += [f"  loss (the mean) {float(steps['loss'].torch):.6f} | {float(steps['loss'].numpy):.6f}", "",
+              f"backward pass and one AdamW step (lr {walk.lr:g}), largest |torch - numpy| per parameter:"]
+    for s in walk.steps:
+        if s.key.startswith("grad "):
+            lines.append(f"  {s.key:<40} {str(tuple(s.torch.shape)):<12} {s.max_diff:.1e}")
+    adamw: dict[str, float] = {}
+    for s in walk.steps:  # m, v and the new value of each parameter: the largest of the three
+        if s.key.startswith("adamw "):
+            name = s.key.split(" ", 2)[2]
+            adamw[name] = max(adamw.get(name, 0.0), s.max_diff)
+    lines += [f"  adamw m, v, new {name:<31} {diff:.1e}" for name, diff in adamw.items()]
+    lines += ["", f"loss after the step on the same row: {walk.loss_after:.6f}",
+              f"largest difference over the loss, gradients and AdamW step: {walk.max_diff:.3e}"]
+    return "\n".join(lines)

@@ -100,3 +100,48 @@ def test_cli_refuses_bad_walkthrough_input_with_one_line(capsys, argv, words):
     assert main(["walkthrough", *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+
+
+@pytest.fixture()
+def char_checkpoint(tmp_path):
+    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.model import GPT
+    from scratchlm.tokenizer import CharTokenizer
+
+    tok = CharTokenizer.train(["ROMEO: what light through yonder window"])
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=2, n_head=2, n_embd=16,
+                          pos_embedding="rope", dropout=0.1))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return save_model_checkpoint(model, tok, tmp_path / "ckpt"), tok, model
+
+
+def test_cli_walks_a_checkpoint_with_one_head_in_full(capsys, char_checkpoint):
+    ckpt, tok, model = char_checkpoint
+    assert main(["walkthrough", "--checkpoint", str(ckpt), "--text", "ROMEO", "--layer", "1", "--head", "1",
+                 "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["ids"] == [tok.bos_id, *tok.encode("ROME")]  # the text is a training row: BOS + ids, x = row[:-1]
+    assert data["training"]["targets"] == tok.encode("ROMEO")
+    assert data["max_diff"] < 1e-12 and data["training"]["max_diff"] < 1e-12  # float64 on both sides, no dropout
+    with torch.no_grad():
+        probs = F.softmax(model.eval()(torch.tensor([data["ids"]]))[0][0, -1].double(), dim=-1)
+    assert data["next"][0][0] == int(probs.argmax()) and abs(data["next"][0][2] - float(probs.max())) < 1e-6
+    assert main(["walkthrough", "--checkpoint", str(ckpt), "--text", "ROMEO", "--layer", "1", "--head", "1"]) == 0
+    text = capsys.readouterr().out
+    assert "h1.weights, head 1" in text and "h0.weights, head" not in text and "h0.weights" in text
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--layer", "2"], "--layer 2 does not exist"),
+    (["--n_layer", "3"], "drop --n_layer"),
+    (["--preset", "hand"], "drop --preset"),
+    (["--text", "zzz"], "'z'"),
+])
+def test_cli_checkpoint_walk_refuses_bad_input(capsys, char_checkpoint, argv, words):
+    ckpt, _, _ = char_checkpoint
+    assert main(["walkthrough", "--checkpoint", str(ckpt), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
