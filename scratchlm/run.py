@@ -401,7 +401,7 @@ def _data_config(cfg: TrainConfig, block_size: int | None = None):
     from scratchlm.data import DataConfig
 
     values: dict[str, Any] = dict(data=cfg.data, tokenizer=cfg.tokenizer, val_fraction=cfg.val_fraction,
-                                  block_size=block_size)
+                                  block_size=block_size, errors=cfg.errors)
     if cfg.vocab_size is not None:
         values["vocab_size"] = cfg.vocab_size
     if cfg.tokenizer_file is not None:

@@ -43,6 +43,8 @@ class TrainConfig:
     """A saved tokenizer to use instead of training one."""
     val_fraction: float = 0.1
     """Share of the data held out for validation."""
+    errors: str = "strict"
+    """Bytes that are not UTF-8 in the text: `strict` stops with the file and byte offset, `replace` reads them as U+FFFD."""
     data_cache: str | None = None
     """Where prepared data is cached (None: ~/.cache/scratchlm/data, or $SCRATCHLM_CACHE/data)."""
 
@@ -141,6 +143,8 @@ class TrainConfig:
 
     def validate(self) -> None:
         self._check_types()
+        if self.errors not in ("strict", "replace"):
+            raise ConfigError("errors", f"{self.errors!r} is not one of strict, replace")
         for name in ("batch_size", "grad_accum", "max_steps", "eval_iters", "pad_vocab_multiple", "max_bad_steps"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -205,11 +209,14 @@ class TrainConfig:
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], "not a training config field")
-        missing = [f.name for f in fields(cls) if f.name not in values]
+        # fields added after runs were saved take their defaults when such a run resumes
+        missing = [f.name for f in fields(cls) if f.name not in values and f.name not in _ADDED_LATER]
         if complete and missing:
             raise ConfigError(missing[0], "missing from the run's saved training config")
         return cls(**values)
 
+
+_ADDED_LATER = frozenset({"errors"})
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on

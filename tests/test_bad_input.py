@@ -513,3 +513,24 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(case, outcomes):
 @pytest.mark.parametrize("case", SLOW, ids=[c.name for c in SLOW])
 def test_more_bad_input_is_one_clear_line_and_changes_nothing(case, slow_outcomes):
     _check(case, slow_outcomes[case.name])
+
+
+def test_train_reads_bad_bytes_with_errors_replace(tmp_path):
+    """The invalid-UTF-8 error tells the user to pass --errors replace; train takes it too."""
+    import os
+    import subprocess
+    import sys
+
+    (tmp_path / "bad.txt").write_bytes(b"hello world \xff bad byte\n" * 400)
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
+    base = [sys.executable, "-m", "scratchlm", "train", "--data", str(tmp_path / "bad.txt"), "--max_steps", "1",
+            "--eval_interval", "0", "--sample_tokens", "0", "--progress", "quiet", "--threads", "1"]
+    strict = subprocess.run([*base, "--out_dir", str(tmp_path / "a")], capture_output=True, text=True, env=env)
+    assert strict.returncode == 2 and "--errors replace" in strict.stderr
+    replaced = subprocess.run([*base, "--out_dir", str(tmp_path / "b"), "--errors", "replace"], capture_output=True,
+                              text=True, env=env)
+    assert replaced.returncode == 0, replaced.stderr
+    from scratchlm.checkpoint import load_model
+
+    _, tok, _ = load_model(tmp_path / "b")
+    assert "\ufffd" in tok.chars  # the bad byte became the replacement character
