@@ -1,7 +1,8 @@
 """`python -m benchmarks`: run every benchmark, save the figures, and regenerate the README's numbers.
 
     python -m benchmarks                    # prepare, decoding, training (about 10-15 minutes)
-    python -m benchmarks --time-to-loss     # ... and time to loss (3 trainings of each of 2 presets)
+    python -m benchmarks --time-to-loss     # ... and time to loss beside the classic recipe, natively and
+                                            # as a CPU without bfloat16 units (about 25 minutes)
     python -m benchmarks --only train-gpu   # gpt2-124m on a CUDA GPU (bf16, compile, flash attention);
                                             # every run includes it, and it skips itself without CUDA
     python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
@@ -36,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
-BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "time_to_loss")
+BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "time_to_loss", "time_to_loss-nobf16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -119,9 +120,26 @@ def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
     return bench_time_to_loss.run(repeats=1 if quick else repeats, threads=TIME_TO_LOSS_THREADS)
 
 
+def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
+    """The same, as a CPU without bfloat16 units runs it: in a fresh process whose oneDNN is held
+    below AVX512-BF16 from the start (bench_time_to_loss.NO_BF16_ENV)."""
+    import tempfile
+
+    from benchmarks.bench_time_to_loss import NO_BF16_ENV
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "ttl.json"
+        command = [sys.executable, "-m", "benchmarks.bench_time_to_loss", "--repeats", str(1 if quick else repeats),
+                   "--json", str(out)]
+        if TIME_TO_LOSS_THREADS:
+            command += ["--threads", str(TIME_TO_LOSS_THREADS)]
+        subprocess.run(command, env={**os.environ, **NO_BF16_ENV}, cwd=ROOT, check=True)
+        return json.loads(out.read_text())
+
+
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
-    "time_to_loss": _bench_time_to_loss,
+    "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
 
@@ -221,13 +239,18 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
                 rows.append((where, f"{model} MFU (of {peak_text} bf16)", "", _num(100 * m["mfu"]), "%"))
             if m.get("peak_memory_mb") is not None:
                 rows.append((where, f"{model} peak allocated memory", "", _num(m["peak_memory_mb"], 0), "MB"))
-    elif name == "time_to_loss":
+    elif name.startswith("time_to_loss"):
+        where = f"time to val loss 1.88, {r.get('threads', '?')} thr" + (", no bf16" if name.endswith("nobf16") else "")
         if "skipped" in r:
-            rows.append(("time to loss", f"skipped: {r['skipped']}", "", "", ""))
-        for preset, s in r.get("presets", {}).items():
-            losses = ", ".join(f"{x['val_loss']:.3f}" for x in s["runs"])
-            rows.append((f"time to loss, {r.get('threads', '?')} thr", f"`{preset}`: {s['steps']} steps, final val loss {losses}",
+            rows.append((where, f"skipped: {r['skipped']}", "", "", ""))
+        who = ([("classic recipe, HF GPT-2 (peer)", r["peer"])] if "peer" in r else []) + list(r.get("presets", {}).items())
+        for label, s in who:
+            losses = ", ".join(f"{x.get('val_loss', x.get('final_val_loss')):.3f}" for x in s["runs"])
+            steps = ", ".join(str(x.get("reached_step") or "-") for x in s["runs"])
+            text = label if label.startswith("classic") else f"`{label}`"
+            rows.append((where, f"{text}: at steps {steps}, val {losses}{'' if s['reached'] else ' (not reached)'}",
                          _num(s["min_s"]), _num(s["median_s"]), "s"))
+            rows.append((where, f"{text} tokens/s", "", _num(s["median_tokens_per_s"], 0), "tok/s"))
     return rows
 
 
@@ -356,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     global TIME_TO_LOSS_THREADS
     TIME_TO_LOSS_THREADS = args.ttl_threads or args.threads
-    names = list(args.only) if args.only else [n for n in BENCHMARKS if n != "time_to_loss" or args.time_to_loss]
+    names = list(args.only) if args.only else [n for n in BENCHMARKS if not n.startswith("time_to_loss") or args.time_to_loss]
     date = dt.date.today().isoformat()
     info = machine()
     path = results_path(date, info["host"], args.quick)

@@ -267,6 +267,10 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=300, help="seconds before a mutant counts as hanging")
     parser.add_argument("--list", action="store_true", help="list the mutants and stop")
     parser.add_argument("--json", type=Path, default=None, help="also write the outcomes to this file")
+    parser.add_argument("--survivors", type=Path, default=None, metavar="EARLIER.json",
+                        help="rerun only the survivors of an earlier --json run of this module (after new tests: "
+                             "a killed mutant stays killed when tests are only added), and give the score over "
+                             "that run's mutants")
     args = parser.parse_args()
     if args.hand:
         with tempfile.TemporaryDirectory(prefix="scratchlm-mutate-") as tmp:
@@ -277,6 +281,11 @@ def main() -> int:
     found = mutants(REPO / "scratchlm" / module_file)
     chosen = found if args.max is None or args.max >= len(found) else sorted(
         random.Random(args.seed).sample(found, args.max), key=lambda m: (m.line, m.what))
+    earlier = None
+    if args.survivors is not None:
+        earlier = json.loads(args.survivors.read_text())
+        wanted = {(o["line"], o["what"]) for o in earlier["outcomes"] if not o["killed"]}
+        chosen = [m for m in found if (m.line, m.what) in wanted]  # the source must not have moved since
     if args.list:
         for m in chosen:
             print(f"{module_file}:{m.line}: {m.what}")
@@ -294,6 +303,10 @@ def main() -> int:
     hung = sum(o.timed_out for o in outcomes)
     print(f"{args.module}: {killed}/{len(outcomes)} killed (score {killed / max(1, len(outcomes)):.0%}"
           f"{f', {hung} by timeout' if hung else ''}) in {time.perf_counter() - start:.0f} s")
+    if earlier is not None:
+        total, before = earlier["run"], earlier["killed"]
+        print(f"{args.module}: over the earlier run's {total} mutants, {before} killed before, {before + killed} now "
+              f"(score {before / total:.0%} -> {(before + killed) / total:.0%})")
     if args.json:
         args.json.write_text(json.dumps({"module": args.module, "mutants": len(found), "run": len(outcomes),
                                          "killed": killed, "outcomes": [asdict(o) for o in outcomes]}, indent=1))

@@ -108,10 +108,19 @@ def test_readme_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatc
 
 
 def test_rows_for_time_to_loss_and_train():
-    entry = {"result": {"threads": 1, "presets": {"shakespeare-char": {
-        "runs": [{"val_loss": 1.8681}, {"val_loss": 1.8679}], "steps": 1100, "min_s": 47.04, "median_s": 49.96}}}}
+    peer = {"runs": [{"reached_s": None, "reached_step": None, "final_val_loss": 1.8857}], "reached": False,
+            "min_s": 90.0, "median_s": 90.0, "median_tokens_per_s": 17000.0}
+    ours = {"runs": [{"val_loss": 1.8791, "reached_step": 450}, {"val_loss": 1.8779, "reached_step": 450}],
+            "reached": True, "min_s": 27.04, "median_s": 27.96, "median_tokens_per_s": 14000.0}
+    entry = {"result": {"threads": 1, "peer": peer, "presets": {"shakespeare-char-fast": ours}}}
     assert harness.rows_for("time_to_loss", entry) == [
-        ("time to loss, 1 thr", "`shakespeare-char`: 1100 steps, final val loss 1.868, 1.868", "47.0", "50.0", "s")]
+        ("time to val loss 1.88, 1 thr", "classic recipe, HF GPT-2 (peer): at steps -, val 1.886 (not reached)",
+         "90.0", "90.0", "s"),
+        ("time to val loss 1.88, 1 thr", "classic recipe, HF GPT-2 (peer) tokens/s", "", "17,000", "tok/s"),
+        ("time to val loss 1.88, 1 thr", "`shakespeare-char-fast`: at steps 450, 450, val 1.879, 1.878", "27.0", "28.0", "s"),
+        ("time to val loss 1.88, 1 thr", "`shakespeare-char-fast` tokens/s", "", "14,000", "tok/s"),
+    ]
+    assert harness.rows_for("time_to_loss-nobf16", entry)[0][0] == "time to val loss 1.88, 1 thr, no bf16"
     train = {"result": {"shape": {"B": 8, "T": 256, "V": 50304},
                         "speed": {"ours fp32": {"best_tok_s": 12345.4, "median_tok_s": 12000.0}},
                         "memory": {"hf": {"growth_mb": 812.4}},
@@ -128,31 +137,30 @@ def test_every_benchmark_has_a_runner(name):
     assert name in harness.RUNNERS
 
 
-def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss():
+def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss_against_the_peer():
     from benchmarks.bench_time_to_loss import target_rows
 
-    summary = {"slow": {"median_s": 58.0, "reached": True}, "fast": {"median_s": 40.0, "reached": True},
-               "fastest but short": {"median_s": 20.0, "reached": False}}
-    (row,) = target_rows(summary)
-    assert "fast)" in row["target"] and row["ratio"] == 40.0 and row["met"]
-    (row,) = target_rows({"a": {"median_s": 70.0, "reached": True}, "b": {"median_s": 50.0, "reached": False}})
-    assert "a)" in row["target"] and not row["met"]  # 70 s is over the goal
-    (row,) = target_rows({"b": {"median_s": 50.0, "reached": False}})
+    peer = {"median_s": 100.0, "median_tokens_per_s": 10000.0}
+    presets = {"slow": {"median_s": 58.0, "max_s": 60.0, "reached": True},
+               "fast": {"median_s": 30.0, "max_s": 32.0, "reached": True},
+               "fastest but short": {"median_s": 20.0, "max_s": 21.0, "reached": False}}
+    (row,) = target_rows(presets, peer)
+    assert "(fast)" in row["target"] and row["ratio"] == pytest.approx(0.32) and row["met"]  # its slowest run counts
+    (row,) = target_rows({"fast": {"median_s": 30.0, "max_s": 34.0, "reached": True}}, peer)
+    assert not row["met"]  # one run at 0.34x of the peer's time
+    (row,) = target_rows({"b": {"median_s": 20.0, "max_s": 20.0, "reached": False}}, peer)
     assert not row["met"]  # fast enough, but the loss was never reached
-    assert target_rows({}) == []
+    assert target_rows({}, peer) == [] and target_rows(presets, None) == []
 
 
-def test_time_to_loss_compares_the_muon_step_and_time_with_adamw_in_the_same_sitting():
+def test_time_to_loss_compares_the_fp32_step_with_the_peer_in_the_same_run():
     from benchmarks.bench_time_to_loss import target_rows
 
-    classic = {"median_s": 60.0, "reached": True, "median_tokens_per_s": 15000.0}
-    fast = {"median_s": 45.0, "reached": True, "median_tokens_per_s": 10000.0}
-    _, step, time_row = target_rows({"shakespeare-char": classic, "shakespeare-char-fast": fast})
-    assert step["ratio"] == pytest.approx(1.5) and step["met"]  # 15000 / 10000 tokens/s: 1.5 AdamW steps
-    assert time_row["ratio"] == pytest.approx(0.75) and time_row["met"]
-    slow = {**fast, "median_tokens_per_s": 9000.0, "median_s": 61.0}
-    _, step, time_row = target_rows({"shakespeare-char": classic, "shakespeare-char-fast": slow})
-    assert step["ratio"] == pytest.approx(15000 / 9000) and not step["met"] and not time_row["met"]
+    classic = {"median_s": 60.0, "max_s": 61.0, "reached": True, "median_tokens_per_s": 13000.0}
+    _, step = target_rows({"shakespeare-char": classic}, {"median_s": 100.0, "median_tokens_per_s": 10000.0})
+    assert step["ratio"] == pytest.approx(1.3) and step["met"]
+    _, step = target_rows({"shakespeare-char": classic}, {"median_s": 100.0, "median_tokens_per_s": 11000.0})
+    assert step["ratio"] == pytest.approx(13 / 11) and not step["met"]
 
 
 def test_decode_limits_pair_each_run_with_its_own_bandwidth():
