@@ -394,6 +394,12 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # the reader went away (`| head`): stop quietly, and keep Python's exit-time flush quiet too
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         # the file system said no (a full disk, no permission, a file where a folder should be):
         # a problem of the machine or the paths given, not a bug, so one line too

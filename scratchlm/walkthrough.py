@@ -44,6 +44,17 @@ _BLOCK_STEPS = [
     ("mlp_out", "MLP output c_proj  (T, C)"),
     ("out", "block output: residual + MLP output  (T, C)"),
 ]
+# post-norm computes the same keys from other inputs: the titles that differ
+_POST_NORM_TITLES = {
+    "ln_1": "ln_1(x + attention output): post-norm normalises the residual sum  (T, C)",
+    "q": "Q = x W_Q^T (post-norm: the block's input itself), split into heads  (H, T, hs)",
+    "k": "K = x W_K^T (post-norm: the block's input itself), split into heads  (H, T, hs)",
+    "v": "V = x W_V^T (post-norm: the block's input itself), split into heads  (H, T, hs)",
+    "resid_1": "residual: x + attention output, before ln_1  (T, C)",
+    "ln_2": "block output ln_2(ln_1 + MLP output)  (T, C)",
+    "mlp_pre": "MLP first layer c_fc of ln_1  (T, 4C)",
+    "out": "block output: ln_2 of the residual  (T, C)",
+}
 _FINAL_STEPS = [
     ("ln_f", "final norm ln_f  (T, C)"),
     ("logits", "logits = ln_f W_lm^T + b_lm  (T, V)"),
@@ -218,7 +229,8 @@ def walkthrough_of(model: GPT, ids: Sequence[int], *, preset: str = "custom", se
 
     steps = list(_GLOBAL_STEPS)
     for i in range(cfg.n_layer):
-        steps += [(f"h{i}.{key}", f"block {i}: {title}") for key, title in _BLOCK_STEPS]
+        titles = _POST_NORM_TITLES if cfg.norm_position == "post" else {}
+        steps += [(f"h{i}.{key}", f"block {i}: {titles.get(key, title)}") for key, title in _BLOCK_STEPS]
     steps += _FINAL_STEPS
     result = Walkthrough(preset, seed, init, ids, cfg.to_dict(), weights)
     for key, title in steps:
@@ -234,7 +246,8 @@ def for_display(arrays: dict[str, Any], C: int) -> dict[str, np.ndarray]:
     data flows through them, with c_attn's rows split into W_Q, W_K, W_V and attn.c_proj named W_O."""
     shown: dict[str, np.ndarray] = {}
     for name, value in sorted(arrays.items(), key=lambda kv: [kv[0].startswith(f) for f in _FLOW_ORDER].index(True)):
-        array = value.detach().cpu().numpy() if hasattr(value, "detach") else np.asarray(value)
+        # a copy: a parameter's numpy() shares its memory, and the training walk steps it in place
+        array = value.detach().cpu().numpy().copy() if hasattr(value, "detach") else np.array(value)
         if name.endswith("attn.c_attn.weight"):  # rows are [W_Q; W_K; W_V]
             stem = name[: -len("c_attn.weight")]
             shown[stem + "W_Q"], shown[stem + "W_K"], shown[stem + "W_V"] = array[:C], array[C : 2 * C], array[2 * C :]

@@ -145,3 +145,24 @@ def test_cli_checkpoint_walk_refuses_bad_input(capsys, char_checkpoint, argv, wo
     assert main(["walkthrough", "--checkpoint", str(ckpt), *argv]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+
+
+def test_printed_weights_are_those_before_the_step_and_post_norm_titles_say_so(capsys):
+    """The weights block shows the model the forward pass used, not the one the AdamW step left
+    behind; under --norm_position post the stations' titles name post-norm's inputs."""
+    assert main(["walkthrough", "--json"]) == 0
+    walked = json.loads(capsys.readouterr().out)
+    want = walkthrough_model("hand").transformer.wte.weight.detach().numpy()
+    np.testing.assert_array_equal(np.array(walked["weights"]["transformer.wte.weight"]), want)
+    assert main(["walkthrough", "--forward-only", "--norm_position", "post"]) == 0
+    text = capsys.readouterr().out
+    assert "Q = x W_Q^T (post-norm" in text and "Q = ln_1(x)" not in text
+
+
+def test_a_closed_pipe_ends_quietly():
+    import subprocess
+    import sys
+
+    result = subprocess.run(f"{sys.executable} -m scratchlm walkthrough | head -1", shell=True, capture_output=True,
+                            text=True, timeout=120)
+    assert result.stdout.startswith("walkthrough:") and "error" not in result.stderr, result.stderr
