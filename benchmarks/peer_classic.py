@@ -55,14 +55,8 @@ def whole_split_loss(model, val: np.ndarray, block: int, batch: int = 64) -> flo
     return total / count
 
 
-def run(data: Path, goal: float = 1.88, eval_every: int = 100, seed: int = 1337,
-        threads: int | None = None) -> dict[str, Any]:
-    """Train the recipe to its 2000 steps; return the time to the goal and the tokens/s."""
-    from transformers import GPT2Config, GPT2LMHeadModel
-
-    if threads:
-        torch.set_num_threads(threads)
-    r = RECIPE
+def _characters(data: Path) -> tuple[np.ndarray, np.ndarray, int]:
+    """(train ids, validation ids, vocabulary size): the file's characters, split 90 / 10."""
     text = data.read_text(encoding="utf-8")
     chars = sorted(set(text))
     ids = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
@@ -70,12 +64,20 @@ def run(data: Path, goal: float = 1.88, eval_every: int = 100, seed: int = 1337,
     lookup[[ord(c) for c in chars]] = np.arange(len(chars))
     ids = lookup[ids]
     split = int(0.9 * len(ids))
-    train, val = ids[:split], ids[split:]
+    return ids[:split], ids[split:], len(chars)
 
+
+def make_step(data: Path, seed: int = 1337):
+    """(step, vocabulary size): step(it=None) runs one training step of the recipe on a random
+    batch (with the schedule's learning rate for iteration `it` when given) and returns the model."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    r = RECIPE
+    train, _, vocab = _characters(data)
     torch.manual_seed(seed)
-    config = GPT2Config(vocab_size=len(chars), n_positions=r["block"], n_embd=r["n_embd"], n_layer=r["n_layer"],
+    config = GPT2Config(vocab_size=vocab, n_positions=r["block"], n_embd=r["n_embd"], n_layer=r["n_layer"],
                         n_head=r["n_head"], activation_function="gelu", resid_pdrop=0.0, embd_pdrop=0.0,
-                        attn_pdrop=0.0)
+                        attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
     model = GPT2LMHeadModel(config).train()
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": r["weight_decay"]},
@@ -85,11 +87,10 @@ def run(data: Path, goal: float = 1.88, eval_every: int = 100, seed: int = 1337,
     offsets = torch.arange(r["block"] + 1)
     train_t = torch.from_numpy(train)
 
-    trained_s, reached_s, reached_step, evals = 0.0, None, None, []
-    for it in range(1, r["iters"] + 1):
-        start = time.perf_counter()
-        for group in optimizer.param_groups:
-            group["lr"] = _lr(it - 1)
+    def step(it: int | None = None):
+        if it is not None:
+            for group in optimizer.param_groups:
+                group["lr"] = _lr(it)
         rows = train_t[torch.randint(0, len(train) - r["block"] - 1, (r["batch"],), generator=gen)[:, None] + offsets]
         logits = model(input_ids=rows[:, :-1]).logits
         loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1))
@@ -97,15 +98,33 @@ def run(data: Path, goal: float = 1.88, eval_every: int = 100, seed: int = 1337,
         torch.nn.utils.clip_grad_norm_(model.parameters(), r["grad_clip"])
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
+        return model
+
+    return step, vocab
+
+
+def run(data: Path, goal: float = 1.88, eval_every: int = 100, probe_from: float = 0.4, seed: int = 1337,
+        threads: int | None = None) -> dict[str, Any]:
+    """Train the recipe to its 2000 steps (or until the goal); return the time to the goal and
+    the tokens/s. The whole split is scored every eval_every steps from probe_from of the run on."""
+    if threads:
+        torch.set_num_threads(threads)
+    r = RECIPE
+    _, val, vocab = _characters(data)
+    step, _ = make_step(data, seed)
+    trained_s, reached_s, reached_step, evals = 0.0, None, None, []
+    for it in range(1, r["iters"] + 1):
+        start = time.perf_counter()
+        model = step(it - 1)
         trained_s += time.perf_counter() - start
-        if it % eval_every == 0 or it == r["iters"]:
+        if (it % eval_every == 0 and it >= probe_from * r["iters"]) or it == r["iters"]:
             val_loss = whole_split_loss(model, val, r["block"])
             evals.append((it, trained_s, val_loss))
             if reached_s is None and val_loss <= goal:
                 reached_s, reached_step = trained_s, it
                 break
     return {"reached_s": reached_s, "reached_step": reached_step, "train_s": trained_s, "evals": evals,
-            "tokens_per_s": evals[-1][0] * r["batch"] * r["block"] / trained_s, "vocab": len(chars),
+            "tokens_per_s": evals[-1][0] * r["batch"] * r["block"] / trained_s, "vocab": vocab,
             "final_val_loss": evals[-1][2]}
 
 
