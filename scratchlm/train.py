@@ -128,7 +128,8 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
     if scaler.is_enabled():
         scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     if cfg.grad_clip > 0:
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        # foreach: the gradients' norms and their rescaling in one call each, not one per parameter
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip, foreach=not cfg.fsdp or None)
     else:
         norm = torch.zeros((), device=device)
     norm = norm.full_tensor() if hasattr(norm, "full_tensor") else norm  # FSDP2: a sharded DTensor
