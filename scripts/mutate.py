@@ -303,10 +303,11 @@ def main() -> int:
     hung = sum(o.timed_out for o in outcomes)
     print(f"{args.module}: {killed}/{len(outcomes)} killed (score {killed / max(1, len(outcomes)):.0%}"
           f"{f', {hung} by timeout' if hung else ''}) in {time.perf_counter() - start:.0f} s")
-    if earlier is not None:
+    if earlier is not None:  # a (line, edit) pair can name two mutants: count the earlier run's pairs
         total, before = earlier["run"], earlier["killed"]
-        print(f"{args.module}: over the earlier run's {total} mutants, {before} killed before, {before + killed} now "
-              f"(score {before / total:.0%} -> {(before + killed) / total:.0%})")
+        now = total - len({(o.line, o.what) for o in survivors})
+        print(f"{args.module}: over the earlier run's {total} mutants, {before} killed before, {now} now "
+              f"(score {before / total:.0%} -> {now / total:.0%})")
     if args.json:
         args.json.write_text(json.dumps({"module": args.module, "mutants": len(found), "run": len(outcomes),
                                          "killed": killed, "outcomes": [asdict(o) for o in outcomes]}, indent=1))
