@@ -85,13 +85,28 @@ def hf_config(config: GPTConfig, arch: str, bos_id: int | None = None, eos_id: i
 
 
 def drop_zero_head_bias(state: dict[str, torch.Tensor], arch: str) -> None:
-    """Take lm_head's bias out of `state`: no exported architecture has one, so a bias of zeros
-    goes (the same function) and any other is refused."""
+    """Take lm_head's bias out of `state`: no exported architecture has one. A bias of zeros just
+    goes. Any other is folded into the final LayerNorm's bias where that computes the same
+    logits: logits = W (gamma x_hat + beta) + b, and with W (V, C) of rank V (a vocabulary no
+    larger than the width, as in the char presets) some delta solves W delta = b exactly, so
+    beta + delta does b's work. Otherwise (RMSNorm has no beta; V > C leaves no room) it is refused."""
     head_bias = state.pop("lm_head.bias", None)
-    if head_bias is not None and torch.count_nonzero(head_bias) > 0:
-        raise UserError(f"lm_head_bias: the model's lm_head has a nonzero bias, which {arch}'s head lacks; it "
-                        "cannot be exported without changing the model's predictions; train with "
-                        "--no-lm_head_bias to export it")
+    if head_bias is None or torch.count_nonzero(head_bias) == 0:
+        return
+    beta = state.get("transformer.ln_f.bias")
+    W = state.get("lm_head.weight", state.get("transformer.wte.weight"))
+    if beta is not None and W.shape[0] <= W.shape[1]:
+        W64, b64 = W.double(), head_bias.double()
+        delta = torch.linalg.lstsq(W64, b64[:, None]).solution[:, 0]  # (C,): W delta = b
+        folded = (beta.double() + delta).to(beta.dtype)
+        error = (W64 @ (folded.double() - beta.double()) - b64).abs().max()
+        if error <= 1e-5 * max(1.0, float(b64.abs().max())):
+            state["transformer.ln_f.bias"] = folded  # a new tensor: the model's own stays as it is
+            return
+    raise UserError(f"lm_head_bias: the model's lm_head has a nonzero bias, which {arch}'s head lacks, and it cannot "
+                    "be folded into the final norm's bias (that needs LayerNorm and a vocabulary no larger than "
+                    "n_embd); it cannot be exported without changing the model's predictions; train with "
+                    "--no-lm_head_bias to export it")
 
 
 def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:

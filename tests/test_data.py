@@ -627,3 +627,89 @@ def test_cli_prepare_success_with_errors_replace(tmp_path):
     tok = load_tokenizer(out / "tokenizer")
     stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
     assert tok.decode(stream[1:]) == "good text, " * 10 + "\ufffd end\n"
+
+
+# ------------------------------------------------------------------------------------- what mutation testing found
+# (issue 21: each test below fails on a mutant of scratchlm/data/preparation.py that the suite let through)
+
+
+def test_bpe_vocab_size_zero_is_refused():
+    from scratchlm.errors import ConfigError
+
+    with pytest.raises(ConfigError) as info:
+        DataConfig(tokenizer="bpe", vocab_size=0)
+    assert info.value.field == "vocab_size"
+
+
+def test_split_for_encoding_pieces_are_at_least_the_target_long():
+    """Each piece but the last holds at least `target` characters: the cut is the first good
+    newline at or after start + target (a cut searched from earlier makes many small pieces)."""
+    text = "".join(f"line {i} of the text\n" for i in range(400))
+    pieces = split_for_encoding(text, 100)
+    assert "".join(pieces) == text and len(pieces) > 10
+    assert all(len(p) >= 100 for p in pieces[:-1]) and all(len(p) < 100 + 30 for p in pieces[:-1])
+
+
+def test_progress_bar_shows_only_when_asked(tmp_path, capfd):
+    _write(tmp_path / "t.txt", "some text to encode\n" * 50)
+    prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "quiet", progress=False)
+    assert "encoding" not in capfd.readouterr().err
+    prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "shown", progress=True)
+    assert "encoding" in capfd.readouterr().err
+
+
+def test_a_split_of_exactly_one_window_is_enough_and_one_less_is_refused(tmp_path):
+    """block_size + 1 tokens make one window (an input of block_size and its shifted target)."""
+    _write(tmp_path / "t.txt", "abcdefghij" * 10)  # BOS + 100 characters: 101 tokens
+    cfg = dict(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.0)
+    prepare(DataConfig(**cfg, block_size=100), tmp_path / "fits", progress=False)  # 101 = 100 + 1: one window
+    with pytest.raises(UserError) as info:
+        prepare(DataConfig(**cfg, block_size=101), tmp_path / "short", progress=False)
+    message = str(info.value)
+    assert "the train split holds 101 tokens" in message and "102" in message
+    assert "--val-fraction" not in message  # no validation split to shrink
+
+
+def test_a_cached_folder_still_checks_the_validation_window(tmp_path):
+    _write(tmp_path / "t.txt", "abcdefghij" * 30)
+    base = dict(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1)
+    ensure_prepared(DataConfig(**base, block_size=8), tmp_path / "cache", progress=False)  # val: about 30 tokens
+    with pytest.raises(UserError, match="the validation split holds"):
+        ensure_prepared(DataConfig(**base, block_size=60), tmp_path / "cache", progress=False)  # the same cached folder
+
+
+def test_document_counts_of_both_splits_by_hand(tmp_path):
+    docs = ["aaaa", "bb", "cccccc", "d", "eeeee"]  # with BOS: 5, 3, 7, 2, 6 tokens; starts 0, 5, 8, 15, 17 of 23
+    for i, d in enumerate(docs):
+        _write(tmp_path / "in" / f"{i}.txt", d)
+    tail = read_meta(prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char", val_fraction=0.3),
+                             tmp_path / "tail", progress=False))
+    # n_train = int(23 * 0.7) = 16: the BOS at 0, 5, 8 and 15 lie in train, the one at 17 in validation
+    assert (tail["train_documents"], tail["val_documents"]) == (4, 1)
+    split = read_meta(prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char", val_fraction=0.1,
+                                         split="documents"), tmp_path / "docs", progress=False))
+    # round(5 * 0.1) = 0, but a validation split holds at least one document
+    assert (split["train_documents"], split["val_documents"]) == (4, 1)
+
+
+def test_prepared_folder_and_its_replacement_tokenizer(tmp_path):
+    """The output folder gets the usual permissions (0777 less the umask, not mkdtemp's 0700), and
+    preparing again into it replaces the tokenizer with the new data's."""
+    import stat
+
+    from scratchlm.fileio import umask
+
+    _write(tmp_path / "t.txt", "abc abc\n" * 20)
+    out = prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "out", progress=False)
+    assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask()
+    _write(tmp_path / "t.txt", "xyz xyz\n" * 20)
+    prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), out, progress=False)
+    assert load_tokenizer(out / "tokenizer").chars == sorted(set("xyz xyz\n"))
+
+
+def test_cache_folder_is_named_after_the_data_file(tmp_path):
+    from scratchlm.data.preparation import cache_dir
+
+    _write(tmp_path / "my_poems.txt", "a poem\n" * 10)
+    folder = cache_dir(DataConfig(data=str(tmp_path / "my_poems.txt"), tokenizer="char"), tmp_path / "cache")
+    assert folder.parent == tmp_path / "cache" and folder.name.startswith("my_poems-char-")

@@ -27,7 +27,7 @@ RUNS = {
     "gpt2": ("smoke", ["--vocab_size", "300", "--block_size", "48"], "GPT2LMHeadModel"),
     "gpt_neox": ("shakespeare-char", [], "GPTNeoXForCausalLM"),  # the README's default run, as it is
     "llama": ("shakespeare-char-fast", ["--norm", "rmsnorm", "--activation", "swiglu", "--no-mlp_bias",
-                                        "--no-proj_bias"], "LlamaForCausalLM"),
+                                        "--no-proj_bias", "--no-lm_head_bias"], "LlamaForCausalLM"),  # RMSNorm: no beta to fold into
 }
 
 

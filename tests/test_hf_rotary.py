@@ -75,6 +75,29 @@ def test_a_nonzero_head_bias_is_refused_with_its_flag(tmp_path):
     assert not (tmp_path / "hf").exists()
 
 
+@pytest.mark.parametrize("name", ["gpt2", "neox-gelu", "neox-gelu_tanh-tied-qkv-bias"])
+def test_a_head_bias_is_folded_into_ln_f_when_the_vocabulary_fits_the_width(tmp_path, name):
+    """V = 29 <= C = 32: W delta = b has an exact solution, so ln_f's beta + delta gives the same
+    logits without a head bias (the char presets' case). transformers is the judge."""
+    overrides = {"pos_embedding": "learned"} if name == "gpt2" else CASES[name]
+    model = _model(7, **{**overrides, "vocab_size": 29, "lm_head_bias": True})
+    assert model.lm_head.bias.abs().max() > 0.05
+    beta_before = model.transformer.ln_f.bias.detach().clone()
+    export_hf(model, tmp_path / "hf")
+    assert torch.equal(model.transformer.ln_f.bias, beta_before)  # the model itself is untouched
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    idx = torch.randint(0, 29, (2, 20), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        torch.testing.assert_close(hf(input_ids=idx).logits, model(idx)[0], atol=1e-4, rtol=1e-4)
+
+
+def test_a_head_bias_without_a_beta_to_fold_into_is_refused(tmp_path):
+    model = _model(8, **{**CASES["llama"], "vocab_size": 29, "lm_head_bias": True})  # RMSNorm: no beta
+    with pytest.raises(UserError, match="--no-lm_head_bias"):
+        export_hf(model, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+
+
 @pytest.mark.parametrize("name, kind", [("gpt2", "bpe"), ("neox-gelu", "bpe"), ("llama", "bpe"), ("neox-gelu", "char"),
                                         ("gpt2", "char")])
 def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greedy(tmp_path, name, kind):
