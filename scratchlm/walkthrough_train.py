@@ -104,18 +104,7 @@ def training_walk(model: GPT, ids: Sequence[int], targets: Sequence[int], *, lr:
     np_shown = for_display(np_grads, cfg.n_embd)
     for shown, grad in for_display(grads, cfg.n_embd).items():
         add(compare("grad " + shown, f"d loss / d {shown}", grad, np_shown[shown]))
-    for name, p in named.items():
-        decay = train_cfg.weight_decay if p.dim() >= 2 else 0.0  # matrices decay, vectors do not
-        # fed torch's gradient: where a gradient is far below eps (1e-8), the step g / (|g| + eps)
-        # magnifies its last bits by 1/eps, so the two gradients' 1e-18 differences would show
-        out = back.adamw_step(before[name], grads[name], np.zeros_like(before[name]), np.zeros_like(before[name]), 1,
-                              lr=lr, beta1=train_cfg.beta1, beta2=train_cfg.beta2, eps=walk.eps, weight_decay=decay)
-        state = optimizer.state[p]
-        for key, theirs in (("m", state["exp_avg"]), ("v", state["exp_avg_sq"]), ("param", p)):
-            add(compare(f"adamw {key} {name}", "", theirs, out[key]))
-        for key in ("m_hat", "v_hat", "update"):
-            walk.numpy_only[f"{key} {name}"] = out[key]
-
+    _compare_adamw(walk, named, before, grads, optimizer)
     with torch.no_grad():
         walk.loss_after = float(model(x, y)[1])
     last = trace["probs"][-1]
@@ -124,6 +113,23 @@ def training_walk(model: GPT, ids: Sequence[int], targets: Sequence[int], *, lr:
     walk.sampled = (drawn, float(last[drawn]))
     return walk
 
+def _compare_adamw(walk: TrainingWalk, named: dict, before: dict, grads: dict, optimizer) -> None:
+    """torch's AdamW state and new weights beside adamw_step's, parameter by parameter."""
+    from scratchlm.reference import numpy_backward as back
+
+    (beta1, beta2), lr = walk.betas, walk.lr
+    for name, p in named.items():
+        decay = walk.weight_decay if p.dim() >= 2 else 0.0  # matrices decay, vectors do not
+        # fed torch's gradient: where a gradient is far below eps (1e-8), the step g / (|g| + eps)
+        # magnifies its last bits by 1/eps, so the two gradients' 1e-18 differences would show
+        zeros = np.zeros_like(before[name])
+        out = back.adamw_step(before[name], grads[name], zeros, zeros, 1, lr=lr, beta1=beta1, beta2=beta2,
+                              eps=walk.eps, weight_decay=decay)
+        state = optimizer.state[p]
+        for key, theirs in (("m", state["exp_avg"]), ("v", state["exp_avg_sq"]), ("param", p)):
+            walk.steps.append(compare(f"adamw {key} {name}", "", theirs, out[key]))
+        for key in ("m_hat", "v_hat", "update"):
+            walk.numpy_only[f"{key} {name}"] = out[key]
 
 
 def _label(i: int, labels: Sequence[str] | None) -> str:
