@@ -73,8 +73,6 @@ def _load_model_for(args, default_preset: str):
 
 
 def add_walkthrough(sub) -> None:
-    from scratchlm.walkthrough_train import WALK_LR
-
     p = sub.add_parser("walkthrough", help="every matrix of one tiny forward pass, loss, backward pass, AdamW step and "
                                            "next token, torch beside the NumPy twin")
     p.add_argument("--preset", default=None, help="model preset (default: hand: T=3, C=2, H=2, V=5)")
@@ -91,7 +89,8 @@ def add_walkthrough(sub) -> None:
                                                "(default: 1,3,2)")
     p.add_argument("--targets", default=None, help="comma-separated target ids or names, one per input (default: the "
                                                    "input shifted left by one, then the id after the last)")
-    p.add_argument("--lr", type=float, default=WALK_LR, help=f"AdamW's learning rate for the step (default: {WALK_LR})")
+    # the default (walkthrough_train.WALK_LR) is read when the command runs: that module imports torch
+    p.add_argument("--lr", type=float, default=None, help="AdamW's learning rate for the step (default: 0.01)")
     p.add_argument("--forward-only", action="store_true", help="stop at the probabilities (no loss, backward or step)")
     p.add_argument("--init", choices=("hand", "model"), default="hand",
                    help="hand: weights are multiples of 0.1 in [-1, 1], biases 0 (default); model: the model's own init")
@@ -149,6 +148,10 @@ def _run_walkthrough(args) -> int:
     targets = default_targets(ids, cfg.vocab_size) if args.targets is None else _id_list(args.targets, "--targets", labels)
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
+    if args.lr is None:
+        from scratchlm.walkthrough_train import WALK_LR
+
+        args.lr = WALK_LR
     if not args.lr > 0:
         raise UserError(f"--lr must be positive, got {args.lr}")
     lines, widest = printed_size(cfg, len(ids))
@@ -272,7 +275,12 @@ def _walk_checkpoint(args) -> int:
     targets = default_targets(ids, cfg.vocab_size) if targets is None else targets
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
-    tw = None if args.forward_only else training_walk(model, ids, targets, lr=args.lr, seed=args.seed)
+    from scratchlm.walkthrough_train import WALK_LR
+
+    lr = args.lr if args.lr is not None else WALK_LR
+    if not lr > 0:
+        raise UserError(f"--lr must be positive, got {lr}")
+    tw = None if args.forward_only else training_walk(model, ids, targets, lr=lr, seed=args.seed)
     if args.json:
         data = {**walkthrough_json(w), "labels": labels, "next": top}
         if tw is not None:

@@ -54,8 +54,7 @@ def rope_tables(n_pos: int, head_dim: int, theta: float) -> tuple[torch.Tensor, 
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate each (x1, x2) pair of x (..., hs) by the angles in cos/sin (T, hs/2), or in any shape
-    that broadcasts against x's halves (..., hs/2)."""
+    """Rotate each (x1, x2) pair of x (B, H, T, hs) by the angles in cos/sin (T, hs/2)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]  # (B, H, T, hs/2) each
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
@@ -128,14 +127,13 @@ class CausalSelfAttention(nn.Module):
         attention weights (B, H, T, T_keys) are appended to it.
         """
         B, T, C = x.shape
-        qkv = self.c_attn(x).view(B, T, 3, self.n_head, C // self.n_head)  # [q | k | v], each split into heads
-        if rope is not None:  # q and k rotated in one call: half the small ops of two
-            cos, sin = (t[:, None, None, :] for t in rope)  # (T, 1, 1, hs/2): broadcast over the 2 and the heads
-            qk = apply_rope(qkv[:, :, :2], cos, sin)  # (B, T, 2, H, hs)
-            q, k = qk[:, :, 0].transpose(1, 2), qk[:, :, 1].transpose(1, 2)  # (B, H, T, hs)
-        else:
-            q, k = qkv[:, :, 0].transpose(1, 2), qkv[:, :, 1].transpose(1, 2)  # (B, H, T, hs)
-        v = qkv[:, :, 2].transpose(1, 2)  # (B, H, T, hs)
+        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # (B, T, C) each
+        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
+        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
+        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
+        if rope is not None:
+            q = apply_rope(q, *rope)
+            k = apply_rope(k, *rope)
         if kv_cache is not None:
             k, v = kv_cache.update(self.layer, k, v)  # (B, H, T_keys, hs)
         T_keys = k.shape[2]

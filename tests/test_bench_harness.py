@@ -157,10 +157,12 @@ def test_time_to_loss_compares_the_fp32_step_with_the_peer_in_the_same_run():
     from benchmarks.bench_time_to_loss import target_rows
 
     classic = {"median_s": 60.0, "max_s": 61.0, "reached": True, "median_tokens_per_s": 13000.0}
-    _, step = target_rows({"shakespeare-char": classic}, {"median_s": 100.0, "median_tokens_per_s": 10000.0})
+    peer = {"median_s": 100.0, "median_tokens_per_s": 10000.0}
+    _, step = target_rows({"shakespeare-char": classic}, peer, {"ours_tokens_per_s": 13000.0, "peer_tokens_per_s": 10000.0})
     assert step["ratio"] == pytest.approx(1.3) and step["met"]
-    _, step = target_rows({"shakespeare-char": classic}, {"median_s": 100.0, "median_tokens_per_s": 11000.0})
+    _, step = target_rows({"shakespeare-char": classic}, peer, {"ours_tokens_per_s": 13000.0, "peer_tokens_per_s": 11000.0})
     assert step["ratio"] == pytest.approx(13 / 11) and not step["met"]
+    assert len(target_rows({"shakespeare-char": classic}, peer)) == 1  # no step measured: no step row
 
 
 def test_decode_limits_pair_each_run_with_its_own_bandwidth():
