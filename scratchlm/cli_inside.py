@@ -135,6 +135,12 @@ def _run_walkthrough(args) -> int:
                                        printed_size, walkthrough_json, walkthrough_model, walkthrough_of)
     from scratchlm.walkthrough_train import default_targets, format_training, training_json, training_size, training_walk
 
+    if args.lr is None:
+        from scratchlm.walkthrough_train import WALK_LR
+
+        args.lr = WALK_LR
+    if not args.lr > 0:
+        raise UserError(f"--lr must be positive, got {args.lr}")
     if args.checkpoint:
         return _walk_checkpoint(args)
     if args.text is not None:
@@ -148,12 +154,6 @@ def _run_walkthrough(args) -> int:
     targets = default_targets(ids, cfg.vocab_size) if args.targets is None else _id_list(args.targets, "--targets", labels)
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
-    if args.lr is None:
-        from scratchlm.walkthrough_train import WALK_LR
-
-        args.lr = WALK_LR
-    if not args.lr > 0:
-        raise UserError(f"--lr must be positive, got {args.lr}")
     lines, widest = printed_size(cfg, len(ids))
     if not args.forward_only:
         more, wide = training_size(cfg, len(ids))
@@ -275,12 +275,7 @@ def _walk_checkpoint(args) -> int:
     targets = default_targets(ids, cfg.vocab_size) if targets is None else targets
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
-    from scratchlm.walkthrough_train import WALK_LR
-
-    lr = args.lr if args.lr is not None else WALK_LR
-    if not lr > 0:
-        raise UserError(f"--lr must be positive, got {lr}")
-    tw = None if args.forward_only else training_walk(model, ids, targets, lr=lr, seed=args.seed)
+    tw = None if args.forward_only else training_walk(model, ids, targets, lr=args.lr, seed=args.seed)
     if args.json:
         data = {**walkthrough_json(w), "labels": labels, "next": top}
         if tw is not None:
