@@ -15,6 +15,7 @@ import sys
 from scratchlm import cli_inside
 from scratchlm.cli_flags import add_field_flags
 from scratchlm.errors import UserError
+from scratchlm.serve.cli import add_serve
 
 MAX_PROMPT_CHARS = 1_000_000
 """The longest prompt read from a file or stdin (a context is a few thousand tokens)."""
@@ -381,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_generate(sub)
     _add_eval(sub)
     cli_inside.add_doctor(sub)
+    add_serve(sub)
     return parser
 
 

@@ -419,8 +419,9 @@ def _run_rows(
     seed: int | None, use_cache: bool, max_new_tokens: int, sampling: SamplingOptions,
     dtype: torch.dtype | str | None = None,
 ) -> Iterator[list[_Row]]:
-    """Sample `num_samples` continuations of one prompt in one batch; yield the rows after
-    every step, and once more after they are all finished."""
+    """Sample `num_samples` continuations of one prompt in one batch. Yield (the rows, the ids
+    chosen (S,), the raw logits (S, V) they were chosen from) after every step, the step that
+    ends the last row included, and once more, (rows, None, None), after they are all finished."""
     decoder = decoder_for(model, max_new_tokens, dtype)
     device, _ = decoder.device_dtype
     eos_id = getattr(tokenizer, "eos_id", None)
@@ -430,17 +431,17 @@ def _run_rows(
     tokens = iter_tokens(decoder, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
                          use_cache=use_cache, vocab=getattr(tokenizer, "vocab_size", None))
     try:
-        for next_ids, _ in tokens:
+        for next_ids, logits in tokens:
             for row, token in zip(rows, next_ids.tolist()):
                 row.push(token)
+            yield rows, next_ids, logits
             if all(row.reason is not None for row in rows):
                 break
-            yield rows
     finally:
         tokens.close()  # puts the model back in its former train/eval mode now, not at GC
     for row in rows:
         row.finish()
-    yield rows
+    yield rows, None, None
 
 
 def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int) -> None:
@@ -512,8 +513,8 @@ def generate(
         rows, logprobs = _beam_rows(model, tokenizer, start_ids, stops, beams, max_new_tokens, length_penalty,
                                     num_samples, use_cache, dtype)
     else:
-        for rows in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens, sampling,
-                              dtype):
+        for rows, _, _ in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens,
+                                    sampling, dtype):
             pass
     texts = [row.text for row in rows]
     all_ids = [row.ids for row in rows]
@@ -533,6 +534,28 @@ def stream(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 100, sam
     character split across tokens is held back until complete, and a tail that might begin a
     stop string until it is clear whether it does.
     """
+    steps = stream_tokens(model, tokenizer, prompt, max_new_tokens=max_new_tokens, sampling=sampling, seed=seed,
+                          stop=stop, use_cache=use_cache, dtype=dtype, **options)
+    return (step.text for step in steps if step.text)
+
+
+@dataclass
+class TokenStep:
+    """One step of `stream_tokens`: the token chosen, the text it made printable, and the scores."""
+
+    id: int | None  # None for the last item, which only flushes text held back (see stream_tokens)
+    text: str  # printable text released at this step: "" while a character is incomplete
+    logits: torch.Tensor | None  # (V,) the model's raw scores this token was chosen from
+    reason: str | None = None  # why the continuation ended, on the step that ended it: "eos" | "stop" | "length"
+
+
+def stream_tokens(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 100,
+                  sampling: SamplingOptions | None = None, seed: int | None = None, stop: Sequence[str] | None = None,
+                  use_cache: bool = True, dtype: torch.dtype | str | None = None, **options) -> Iterator[TokenStep]:
+    """`stream` one token at a time: a TokenStep per token chosen (an end-of-text token too, with
+    text ""), then one with id None holding whatever text was held back to the end. The texts join
+    to exactly `generate(...).text` with the same options and seed; each step's logits are the
+    scores its token was chosen from (softmax them for the model's probabilities)."""
     # Checked and encoded now, not at the first next(): errors and the crop warning come
     # before the caller prints anything.
     sampling = SamplingOptions.of(sampling, **options)
@@ -540,16 +563,14 @@ def stream(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 100, sam
     _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
     stops = _nonempty(stop)
     rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)
-    return _printable_pieces(rows, IncrementalText(stops))
+    return _token_steps(rows, IncrementalText(stops))
 
 
-def _printable_pieces(rows: Iterator[list[_Row]], printer: IncrementalText) -> Iterator[str]:
-    row = None
-    for (row,) in rows:
+def _token_steps(rows: Iterator[tuple[list[_Row], torch.Tensor | None, torch.Tensor | None]],
+                 printer: IncrementalText) -> Iterator[TokenStep]:
+    for (row,), next_ids, logits in rows:
         piece = printer.piece(row.text, final=row.reason is not None)
-        if piece:
-            yield piece
-    if row is not None:
-        piece = printer.piece(row.text, final=True)
-        if piece:
-            yield piece
+        if next_ids is None:
+            yield TokenStep(None, piece, None, row.reason)
+        else:
+            yield TokenStep(int(next_ids[0]), piece, logits[0], row.reason)

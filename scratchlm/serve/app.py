@@ -1,0 +1,288 @@
+"""The playground's web app: a page, its scripts, and a small JSON + event-stream API.
+
+Built on Starlette (the ASGI toolkit FastAPI itself is made of) and served by uvicorn. Starlette
+is enough here: eight routes, a static folder and a streaming response; FastAPI's request models
+and generated OpenAPI pages would add a dependency (pydantic) and nothing the page uses.
+
+    GET  /                  the page (static/index.html)
+    GET  /static/FILE       its script and style, shipped in the package (nothing from the internet)
+    GET  /api/runs          the model picker: the runs that may be shown
+    GET  /api/model?run=R   one run's config and the server's limits
+    POST /api/generate      {"run", "prompt", sampling options...} -> Server-Sent Events (see streams)
+    POST /api/attention     {"run", "text"} -> every layer's and head's attention weights
+    GET  /api/inside?run=R  the shape trace and parameter table (what `scratchlm inspect` shows)
+    GET  /api/walkthrough   the hand-size model's forward pass, station by station
+    GET  /api/training?run=R&since=OFFSET   the run's metrics records written since OFFSET
+
+Every request's work is bounded (see Limits): the body, the prompt, the tokens asked for, the
+attention text, and the number of streams at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from scratchlm.errors import UserError
+from scratchlm.serve.library import RunLibrary, UnknownRun, describe
+from scratchlm.serve.streams import GenerateRequest, GenerationStream
+
+STATIC = Path(__file__).parent / "static"
+HAND_TOKENS = ("床", "前", "明", "月", "山")  # names for the hand preset's 5 ids, as in the docs
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_new_tokens: int = 1000
+    prompt_chars: int = 4000
+    body_bytes: int = 64 * 1024
+    attention_tokens: int = 128
+    streams: int = 16  # generations running at once; more are told to retry
+    metrics_bytes: int = 2 * 1024 * 1024  # metrics sent per poll at most
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
+
+
+def _error(message: str, status: int) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status)
+
+
+def _guarded(handler):
+    """A route that answers bad input with one JSON error line and the right status, never a trace."""
+
+    async def route(request: Request) -> Response:
+        try:
+            return await handler(request)
+        except BadRequest as exc:
+            return _error(str(exc), exc.status)
+        except UnknownRun as exc:
+            return _error(str(exc), 404)
+        except UserError as exc:
+            return _error(str(exc), 400)
+
+    return route
+
+
+async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
+    declared = request.headers.get("content-length")
+    if declared is not None and (not declared.isdigit() or int(declared) > limits.body_bytes):
+        raise BadRequest(f"the request body is larger than {limits.body_bytes:,} bytes", 413)
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limits.body_bytes:
+            raise BadRequest(f"the request body is larger than {limits.body_bytes:,} bytes", 413)
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        raise BadRequest("the request body is not JSON") from None
+    if not isinstance(data, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return data
+
+
+def _field(data: dict[str, Any], name: str, kind: type, default: Any = None, *, optional: bool = False) -> Any:
+    value = data.get(name, default)
+    if value is None and optional:
+        return None
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if kind is int and isinstance(value, float) and value.is_integer():
+        value = int(value)
+    if not isinstance(value, kind) or (kind is not bool and isinstance(value, bool)):
+        raise BadRequest(f"{name}: expected {kind.__name__}, got {json.dumps(value)[:40]}")
+    return value
+
+
+def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
+    text = _field(data, name, str, "")
+    if len(text) > limits.prompt_chars:
+        raise BadRequest(f"{name}: longer than {limits.prompt_chars:,} characters")
+    return text
+
+
+def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
+    """The request's options, checked: bounded sizes, and sampling options scratchlm accepts."""
+    from scratchlm.sampling import SamplingOptions
+
+    max_new = _field(data, "max_new_tokens", int, 200)
+    if not 1 <= max_new <= limits.max_new_tokens:
+        raise BadRequest(f"max_new_tokens: give 1 to {limits.max_new_tokens}, got {max_new}")
+    beams = _field(data, "beams", int, 1)
+    if not 1 <= beams <= 8:
+        raise BadRequest(f"beams: give 1 to 8, got {beams}")
+    seed = _field(data, "seed", int, optional=True)
+    if seed is not None and not 0 <= seed < 2**63:
+        raise BadRequest(f"seed: give 0 to 2**63 - 1, got {seed}")
+    sampling = {
+        "temperature": _field(data, "temperature", float, 1.0),
+        "top_k": _field(data, "top_k", int, optional=True),
+        "top_p": _field(data, "top_p", float, optional=True),
+        "min_p": _field(data, "min_p", float, optional=True),
+        "repetition_penalty": _field(data, "repetition_penalty", float, 1.0),
+        "greedy": _field(data, "greedy", bool, False),
+    }
+    SamplingOptions(**sampling)  # raises ConfigError (a UserError: 400) with the field and the rule
+    return GenerateRequest(
+        prompt=_text(data, "prompt", limits), max_new_tokens=max_new,
+        seed=secrets.randbelow(2**31) if seed is None else seed, beams=beams,
+        length_penalty=_field(data, "length_penalty", float, 1.0), sampling=sampling,
+    )
+
+
+def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
+    state: dict[str, Any] = {"streams": 0, "walkthrough": None}
+
+    async def index(request: Request) -> Response:
+        return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
+
+    async def runs(request: Request) -> Response:
+        listed = await run_in_threadpool(lambda: [describe(e) for e in library.entries()])
+        return JSONResponse({"runs": listed, "default": listed[0]["name"] if listed else None})
+
+    async def model_info(request: Request) -> Response:
+        loaded = await run_in_threadpool(library.load, request.query_params.get("run"))
+        cfg = loaded.model.config
+        return JSONResponse({
+            "run": loaded.name, "checkpoint": loaded.info["checkpoint"].name, "step": loaded.info["step"],
+            "config": cfg.to_dict(), "tokenizer": getattr(loaded.tokenizer, "kind", None),
+            "params": sum(p.numel() for p in loaded.model.parameters()),
+            "limits": {"max_new_tokens": limits.max_new_tokens, "prompt_chars": limits.prompt_chars,
+                       "attention_tokens": limits.attention_tokens},
+        })
+
+    async def generate(request: Request) -> Response:
+        data = await _json_body(request, limits)
+        req = generate_request(data, limits)
+        loaded = await run_in_threadpool(library.load, data.get("run"))
+        if state["streams"] >= limits.streams:
+            raise BadRequest(f"{limits.streams} generations are running; try again when one ends", 503)
+        state["streams"] += 1
+        stream = GenerationStream(loaded, req, asyncio.get_running_loop()).start()
+
+        async def body():
+            try:
+                async for chunk in stream.events():
+                    yield chunk
+            finally:
+                state["streams"] -= 1
+
+        return StreamingResponse(body(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+
+    async def attention(request: Request) -> Response:
+        data = await _json_body(request, limits)
+        text = _text(data, "text", limits)
+        loaded = await run_in_threadpool(library.load, data.get("run"))
+        return JSONResponse(await run_in_threadpool(attention_data, loaded, text, limits))
+
+    async def inside(request: Request) -> Response:
+        loaded = await run_in_threadpool(library.load, request.query_params.get("run"))
+        return JSONResponse(await run_in_threadpool(inside_data, loaded))
+
+    async def walkthrough(request: Request) -> Response:
+        if state["walkthrough"] is None:
+            state["walkthrough"] = await run_in_threadpool(walkthrough_data)
+        return JSONResponse(state["walkthrough"])
+
+    async def training(request: Request) -> Response:
+        name = request.query_params.get("run")
+        since = request.query_params.get("since", "0")
+        if not since.isdigit():
+            raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
+        entry = library.entry(name)
+        metrics = library.metrics(name)
+        return JSONResponse(await run_in_threadpool(training_data, entry.path, metrics, int(since), limits))
+
+    routes = [
+        Route("/", index),
+        Route("/api/runs", _guarded(runs)),
+        Route("/api/model", _guarded(model_info)),
+        Route("/api/generate", _guarded(generate), methods=["POST"]),
+        Route("/api/attention", _guarded(attention), methods=["POST"]),
+        Route("/api/inside", _guarded(inside)),
+        Route("/api/walkthrough", _guarded(walkthrough)),
+        Route("/api/training", _guarded(training)),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
+    from scratchlm.attention_maps import attention_weights, token_labels
+
+    cfg = loaded.model.config
+    ids = loaded.tokenizer.encode(text)
+    most = min(cfg.block_size, limits.attention_tokens)
+    if not ids:
+        raise BadRequest("text: empty after tokenization; give some text")
+    if len(ids) > most:
+        raise BadRequest(f"text: {len(ids)} tokens; the attention view takes at most {most} "
+                         f"(the model's context is {cfg.block_size})")
+    with loaded.lock:
+        weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
+    return {
+        "ids": ids, "labels": token_labels(loaded.tokenizer, ids), "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+        "weights": [w.tolist() for w in weights],
+    }
+
+
+def inside_data(loaded) -> dict[str, Any]:
+    from scratchlm.introspect import format_report, inspect_report
+
+    model = loaded.model
+    with loaded.lock:
+        report = inspect_report(model, batch_size=2, seq_len=min(16, model.config.block_size))
+    return {
+        "config": report["config"], "total": report["parameters"]["total"],
+        "params": [{"name": n, "shape": list(p.shape), "count": p.numel()} for n, p in model.named_parameters()],
+        "components": report["parameters"]["rows"],
+        "trace": report["trace"]["stations"],
+        "report": format_report(report),
+    }
+
+
+def walkthrough_data() -> dict[str, Any]:
+    from scratchlm.walkthrough import WALKTHROUGH_IDS, walkthrough, walkthrough_json
+
+    data = walkthrough_json(walkthrough(WALKTHROUGH_IDS))
+    data["labels"] = list(HAND_TOKENS)
+    return data
+
+
+def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limits) -> dict[str, Any]:
+    """The whole metrics lines written from byte `since` on (a line still being written waits for
+    the next poll), and whether the run is training now."""
+    from scratchlm.runlock import holder
+
+    records: list[dict] = []
+    offset, reset = since, False
+    if metrics is not None:
+        with open(metrics, "rb") as f:
+            if since > f.seek(0, 2):  # the file is shorter than what was read: start it again
+                since, reset = 0, True
+            f.seek(since)
+            chunk = f.read(limits.metrics_bytes)
+        whole = chunk[: chunk.rfind(b"\n") + 1]
+        offset = since + len(whole)
+        for line in whole.splitlines():
+            try:
+                records.append(json.loads(line))
+            except ValueError:
+                continue
+    return {"records": records, "next": offset, "reset": reset, "training": holder(run_dir) is not None}

@@ -1,0 +1,86 @@
+"""The `scratchlm serve` command: start the playground on a local address and print it."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import sys
+from pathlib import Path
+
+from scratchlm.errors import UserError
+
+DEFAULT_RUNS = "runs"
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="a web playground: generate token by token, attention, inside, live training")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--runs", metavar="FOLDER",
+                        help=f"offer every run in this folder in the model picker (default: ./{DEFAULT_RUNS})")
+    source.add_argument("--checkpoint", metavar="DIR", help="offer this one run or checkpoint only")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1, this machine only; anything else is reachable "
+                        "from the network, with no login)")
+    p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--max-new-tokens", type=int, default=1000, help="the most tokens one request may ask for (default: 1000)")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.set_defaults(run=_run_serve)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be between 0 and 65535, got {port}")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
+    family, _, _, _, address = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        why = "in use" if exc.errno == 98 else exc.strerror
+        raise UserError(f"cannot listen on {host}:{port} ({why}); pick another with --port (0 picks a free one)") from None
+    sock.listen(128)
+    return sock
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _run_serve(args) -> int:
+    import uvicorn
+
+    from scratchlm.devices import pick_device
+    from scratchlm.serve.app import Limits, create_app
+    from scratchlm.serve.library import RunLibrary
+
+    if not 1 <= args.max_new_tokens <= 100_000:
+        raise UserError(f"--max-new-tokens must be between 1 and 100000, got {args.max_new_tokens}")
+    if args.checkpoint is None and args.runs is None and not Path(DEFAULT_RUNS).is_dir():
+        raise UserError(f"no ./{DEFAULT_RUNS} folder here; train a run first (scratchlm train --out_dir "
+                        f"{DEFAULT_RUNS}/baby), or give --runs FOLDER or --checkpoint DIR")
+    device = str(pick_device(args.device, allow_mps=False))
+    if args.checkpoint is not None:
+        library = RunLibrary(checkpoint=args.checkpoint, device=device)
+    else:
+        library = RunLibrary(runs=args.runs or DEFAULT_RUNS, device=device)
+    app = create_app(library, Limits(max_new_tokens=args.max_new_tokens))
+    sock = _bind(args.host, args.port)
+    host, port = sock.getsockname()[:2]
+    if not _is_loopback(args.host):
+        print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",
+              file=sys.stderr, flush=True)
+    shown = f"[{host}]" if ":" in host else host
+    print(f"scratchlm playground: http://{shown}:{port}/  ({len(library.entries())} runs; Ctrl-C stops it)", flush=True)
+    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
+    uvicorn.Server(config).run(sockets=[sock])
+    return 0

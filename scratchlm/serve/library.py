@@ -1,0 +1,164 @@
+"""The runs a playground may show, and the models loaded from them.
+
+Every path the server reads comes from here, and none is built from a request: a request names a
+run, the name is looked up among the names this module listed itself, and an unknown name is an
+error. So `..`, an absolute path, a URL-encoded slash or a symlink leading out of the runs folder
+never reaches the file system: none of them is a listed name. A symlinked run folder is not
+listed, and neither is one whose real path lies outside the folder.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from scratchlm.errors import UserError
+
+MODELS_KEPT = 2
+"""Loaded models kept in memory at once; the least recently used one is dropped past this."""
+
+
+class UnknownRun(LookupError):
+    """A request named a run that is not in the listing."""
+
+
+@dataclass(frozen=True)
+class RunEntry:
+    name: str
+    path: Path  # a run folder, or a checkpoint folder given with --checkpoint
+    metrics: Path | None  # its metrics.jsonl, where one exists
+
+
+@dataclass
+class Loaded:
+    """A model ready to serve. `lock` is held for every forward pass: requests take turns a step
+    at a time, so streams interleave and none sees another's state."""
+
+    name: str
+    model: Any
+    tokenizer: Any
+    info: dict[str, Any]
+    lock: threading.Lock
+
+
+def _is_run(path: Path) -> bool:
+    from scratchlm.checkpoint import latest_checkpoint
+
+    return (path / "metrics.jsonl").is_file() or latest_checkpoint(path) is not None
+
+
+def _metrics_of(path: Path) -> Path | None:
+    for folder in (path, path.parent):
+        if (folder / "metrics.jsonl").is_file():
+            return folder / "metrics.jsonl"
+    return None
+
+
+class RunLibrary:
+    """The runs under one folder (`--runs`), or one checkpoint (`--checkpoint`)."""
+
+    def __init__(self, runs: Path | str | None = None, checkpoint: Path | str | None = None, device: str = "cpu"):
+        if (runs is None) == (checkpoint is None):
+            raise ValueError("give exactly one of runs and checkpoint")
+        self.device = device
+        self.runs = None if runs is None else Path(runs).resolve()
+        self.checkpoint = None if checkpoint is None else Path(checkpoint).resolve()
+        if self.runs is not None and not self.runs.is_dir():
+            raise UserError(f"--runs {runs}: no such folder")
+        if self.checkpoint is not None:
+            from scratchlm.checkpoint import resolve_checkpoint
+
+            resolve_checkpoint(self.checkpoint)  # one clear error now rather than on the first request
+        self._loaded: OrderedDict[str, Loaded] = OrderedDict()
+        self._load_lock = threading.Lock()
+
+    def entries(self) -> list[RunEntry]:
+        """The runs, newest first (by their metrics or checkpoint time), read afresh each call."""
+        if self.checkpoint is not None:
+            return [RunEntry(self.checkpoint.name, self.checkpoint, _metrics_of(self.checkpoint))]
+        found = []
+        for child in self.runs.iterdir():
+            if child.is_symlink() or not child.is_dir() or child.resolve().parent != self.runs:
+                continue
+            if _is_run(child):
+                found.append(child)
+        found.sort(key=lambda p: (-_mtime(p), p.name))
+        return [RunEntry(p.name, p, _metrics_of(p)) for p in found]
+
+    def entry(self, name: Any) -> RunEntry:
+        """The listed run called `name` (an exact match), or UnknownRun."""
+        if isinstance(name, str):
+            for e in self.entries():
+                if e.name == name:
+                    return e
+        raise UnknownRun(f"no run named {str(name)[:80]!r}; GET /api/runs lists them")
+
+    def load(self, name: Any) -> Loaded:
+        """The model of run `name`, loaded once and kept (see MODELS_KEPT); reloaded when the run
+        has written a newer checkpoint since."""
+        from scratchlm.checkpoint import load_model, resolve_checkpoint
+
+        entry = self.entry(name)
+        with self._load_lock:
+            ckpt = resolve_checkpoint(entry.path)
+            for path in _files_read(ckpt):
+                self.check_inside(path)
+            kept = self._loaded.get(entry.name)
+            if kept is not None and kept.info["checkpoint"] == ckpt:
+                self._loaded.move_to_end(entry.name)
+                return kept
+            model, tokenizer, info = load_model(ckpt, device=self.device)
+            if tokenizer is None:
+                raise UserError(f"run {entry.name}: no tokenizer saved with its checkpoint")
+            loaded = Loaded(entry.name, model, tokenizer, info, threading.Lock())
+            self._loaded[entry.name] = loaded
+            self._loaded.move_to_end(entry.name)
+            while len(self._loaded) > MODELS_KEPT:
+                self._loaded.popitem(last=False)
+            return loaded
+
+
+    def check_inside(self, path: Path) -> Path:
+        """`path` itself, after checking that its real path lies in the runs folder: a symlink in a
+        run (a checkpoint, a tokenizer, a metrics file) pointing elsewhere is refused."""
+        root = self.runs if self.runs is not None else self.checkpoint.parent
+        if path.exists() and not path.resolve().is_relative_to(root):
+            raise UnknownRun(f"{path.name} leads outside the served folder; not served")
+        return path
+
+    def metrics(self, name: Any) -> Path | None:
+        entry = self.entry(name)
+        return None if entry.metrics is None else self.check_inside(entry.metrics)
+
+
+def _files_read(ckpt: Path) -> list[Path]:
+    """Every path load_model may read for checkpoint `ckpt`."""
+    paths = [ckpt, *ckpt.iterdir()]
+    for folder in (ckpt / "tokenizer", ckpt.parent / "tokenizer"):
+        if folder.is_dir():
+            paths += [folder, *folder.iterdir()]
+    return paths
+
+
+def _mtime(path: Path) -> float:
+    for name in ("metrics.jsonl", "latest", "config.json"):
+        if (path / name).exists():
+            return (path / name).stat().st_mtime
+    return path.stat().st_mtime
+
+
+def describe(entry: RunEntry) -> dict[str, Any]:
+    """What the model picker shows of a run, read from its files without loading the model."""
+    from scratchlm.checkpoint import latest_checkpoint, read_config
+    from scratchlm.runlock import holder
+
+    ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
+    out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,
+                           "training": holder(entry.path) is not None}
+    if ckpt is not None:
+        config = read_config(ckpt)
+        out.update(checkpoint=ckpt.name, step=config.get("step"), model=config.get("model"))
+    return out

@@ -1,0 +1,523 @@
+"""`scratchlm serve` over real HTTP on loopback (the browser's side is tests/test_serve_browser.py).
+
+A uvicorn server runs in this process (a thread), so the tests can count the server's threads;
+the command itself runs as a subprocess where what it prints and binds is the point. Each
+number is checked against something the server did not compute: `scratchlm generate`'s output,
+the model's plain forward pass (no cache, no decoding copy), the NumPy reference's attention,
+`scratchlm inspect --json`, a metrics file written by the test.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_bad_input import train_tiny_run
+
+POEM = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
+SERVE_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
+
+
+def write_mixed_text(path: Path) -> Path:
+    """English and Chinese lines, so the char tokenizer knows both scripts."""
+    lines = []
+    for i in range(120):
+        lines.append(["The king speaks to the queen of the night.", POEM, "ROMEO: my lord, the moon is bright.",
+                      "月光 and moonlight are the same light."][i % 4])
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_serve_run(base: Path, out_dir: Path) -> Path:
+    write_mixed_text(base / "text.txt")
+    return train_tiny_run(base, out_dir, max_steps=40, checkpoint_interval=40, model_overrides=SERVE_MODEL)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("serve")
+    folder = base / "runs"
+    train_serve_run(base, folder / "mixed")
+    return folder
+
+
+class Served:
+    """A uvicorn server in a thread of this process, on a free loopback port."""
+
+    def __init__(self, library, limits=None):
+        import uvicorn
+
+        from scratchlm.serve.app import Limits, create_app
+        from scratchlm.serve.cli import _bind
+
+        self.app = create_app(library, limits or Limits())
+        self.sock = _bind("127.0.0.1", 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "Served":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def served(runs):
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs)) as s:
+        yield s
+
+
+def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 120):
+    """(status, parsed JSON or text) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8", "replace")
+    conn.close()
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+def parse_sse(text: str) -> list[tuple[str, dict]]:
+    events = []
+    for block in text.split("\n\n"):
+        if not block.strip():
+            continue
+        fields = dict(line.split(": ", 1) for line in block.split("\n"))
+        events.append((fields["event"], json.loads(fields["data"])))
+    return events
+
+
+def generate_events(port: int, body: dict) -> list[tuple[str, dict]]:
+    status, text = request(port, "POST", "/api/generate", body)
+    assert status == 200, text
+    return parse_sse(text)
+
+
+def streamed_text(events: list[tuple[str, dict]]) -> str:
+    tokens = "".join(d["text"] for e, d in events if e == "token")
+    (done,) = [d for e, d in events if e == "done"]
+    assert done["text"].startswith(tokens)  # a tail held back to the end (a stop-string prefix) is done's only
+    return done["text"]
+
+
+def cli_generate(run: Path, prompt: str, *flags: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "generate", "--checkpoint", str(run), "--prompt", prompt,
+                           "--no-echo", *flags], capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.endswith("\n")
+    return proc.stdout[:-1]
+
+
+def generate_threads() -> int:
+    return sum(t.name == "scratchlm-generate" for t in threading.enumerate())
+
+
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+# ------------------------------------------------------------------------------ generation
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO:", "床前明", ""])
+def test_the_greedy_stream_equals_scratchlm_generate(served, runs, prompt):
+    events = generate_events(served.port, {"run": "mixed", "prompt": prompt, "greedy": True, "max_new_tokens": 60})
+    assert [e for e, _ in events][0] == "start" and events[-1][0] == "done"
+    assert streamed_text(events) == cli_generate(runs / "mixed", prompt, "--greedy", "--max-new-tokens", "60")
+    indices = [d["index"] for e, d in events if e == "token"]
+    assert indices == list(range(len(indices))) and events[-1][1]["tokens"] == len(indices)
+
+
+def test_sampled_streams_equal_the_command_line_with_the_same_seed(served, runs):
+    options = {"temperature": 0.9, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.1, "seed": 123}
+    events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 50, **options})
+    assert events[0] == ("start", {"prompt_ids": 4, "cropped": False, "seed": 123})
+    expected = cli_generate(runs / "mixed", "The ", "--max-new-tokens", "50", "--temperature", "0.9", "--top-k", "20",
+                            "--top-p", "0.95", "--repetition-penalty", "1.1", "--seed", "123")
+    assert streamed_text(events) == expected
+
+
+def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
+    """p and the top 5 of every token event against the model's plain forward pass over the
+    prompt and the tokens so far (float64, no cache, no decoding copy), with a sampled stream so
+    that the chosen token is often not the top one."""
+    from scratchlm.checkpoint import load_model
+
+    events = generate_events(served.port, {"run": "mixed", "prompt": "ROMEO:", "max_new_tokens": 25, "seed": 7,
+                                           "temperature": 1.5})
+    model, tokenizer, _ = load_model(runs / "mixed")
+    model = model.double()
+    ids = tokenizer.encode("ROMEO:")
+    not_top = 0
+    for event, data in events:
+        if event != "token":
+            continue
+        window = torch.tensor([ids[-model.config.block_size:]])
+        with torch.no_grad():
+            logits = model(window)[0][0, -1]  # (V,)
+        probs = torch.softmax(logits[: tokenizer.vocab_size], -1)
+        assert data["p"] == pytest.approx(float(probs[data["id"]]), abs=1e-6)
+        order = torch.argsort(probs, descending=True)[:5].tolist()
+        assert [t["id"] for t in data["top"]] == order
+        assert [t["p"] for t in data["top"]] == pytest.approx(probs[order].tolist(), abs=1e-6)
+        not_top += data["id"] != order[0]
+        ids.append(data["id"])
+    assert not_top > 0  # the comparison covered tokens sampled below the top
+
+
+def test_eight_streams_at_once_each_get_what_they_get_alone(served):
+    bodies = [{"run": "mixed", "prompt": ["The ", "床", "ROMEO:", "月光"][i % 4], "max_new_tokens": 80, "seed": i,
+               "temperature": 1.0, "top_k": 30} for i in range(8)]
+    alone = [streamed_text(generate_events(served.port, b)) for b in bodies]
+    with ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(lambda b: streamed_text(generate_events(served.port, b)), bodies))
+    assert together == alone
+    assert len(set(alone)) == 8  # the seeds gave eight different texts: the comparison can tell them apart
+
+
+def test_a_reader_that_goes_away_stops_its_generation(runs):
+    """The client closes the connection after three tokens of a 100,000-token request: the worker
+    thread ends, long before the tokens asked for."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:
+        base = generate_threads()
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "max_new_tokens": 100_000}))
+        resp = conn.getresponse()
+        seen = 0
+        while seen < 3:
+            line = resp.fp.readline().decode()
+            seen += line.startswith("event: token")
+        assert generate_threads() == base + 1
+        began = time.monotonic()
+        resp.close()
+        conn.close()
+        assert wait_until(lambda: generate_threads() == base, 20), "the generation went on after the reader left"
+        print(f"\nthe worker ended {time.monotonic() - began:.2f} s after the reader closed")
+
+
+def test_beams_answer_with_the_command_lines_best_sequence(served, runs):
+    events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 20, "beams": 3})
+    assert [e for e, _ in events] == ["done"]
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "generate", "--checkpoint", str(runs / "mixed"),
+                           "--prompt", "The ", "--no-echo", "--max-new-tokens", "20", "--beams", "3"],
+                          capture_output=True, text=True, timeout=240)
+    header, text = proc.stdout.split("\n", 1)
+    assert text[:-1] == events[0][1]["text"]
+    assert float(re.search(r"logprob (-?[\d.]+)", header).group(1)) == pytest.approx(events[0][1]["logprob"], abs=1e-4)
+
+
+# ------------------------------------------------------------------------------ bad input and bounds
+
+
+@pytest.mark.parametrize("body, status, words", [
+    ({"run": "mixed", "prompt": "x" * 4001}, 400, "4,000 characters"),
+    ({"run": "mixed", "max_new_tokens": 1001}, 400, "1 to 1000"),
+    ({"run": "mixed", "max_new_tokens": 0}, 400, "1 to 1000"),
+    ({"run": "mixed", "max_new_tokens": "9"}, 400, "expected int"),
+    ({"run": "mixed", "temperature": -1}, 400, "temperature"),
+    ({"run": "mixed", "top_p": 1.5}, 400, "top_p"),
+    ({"run": "mixed", "greedy": "yes"}, 400, "greedy"),
+    ({"run": "mixed", "beams": 99}, 400, "beams"),
+    ({"run": "nope"}, 404, "no run named"),
+    ({"run": None}, 404, "no run named"),
+    ([1, 2], 400, "JSON object"),
+])
+def test_bad_generate_requests_get_one_error_line(served, body, status, words):
+    got, answer = request(served.port, "POST", "/api/generate", body)
+    assert got == status and words in answer["error"] and "\n" not in answer["error"]
+
+
+def test_bodies_are_capped_and_must_be_json(served):
+    got, answer = request(served.port, "POST", "/api/generate", raw=b'{"prompt": "' + b"a" * 70_000 + b'"}')
+    assert got == 413 and "65,536 bytes" in answer["error"]
+    got, answer = request(served.port, "POST", "/api/attention", raw=b"\xff\xfe not json")
+    assert got == 400 and "not JSON" in answer["error"]
+    # a chunked body (no Content-Length) is counted as it arrives
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    conn.request("POST", "/api/generate", body=iter([b"[" + b"1," * 20_000] * 3), encode_chunked=True)
+    resp = conn.getresponse()
+    assert resp.status == 413
+    conn.close()
+
+
+@pytest.mark.parametrize("name", ["..", "../mixed", "mixed/..", "/etc", "%2e%2e", "..%2Fmixed", "mixed%00", "outside",
+                                  "linked", "./mixed", "mixed/", "~", ""])
+def test_a_run_is_only_ever_a_listed_name(served, runs, name):
+    """Path forms, encoded or not, and a symlink to a run outside the folder: none is served."""
+    from urllib.parse import quote
+
+    outside = runs.parent / "outside"
+    if not outside.exists():
+        import shutil
+
+        shutil.copytree(runs / "mixed", outside)
+        (runs / "linked").symlink_to(outside, target_is_directory=True)
+    names = [r["name"] for r in request(served.port, "GET", "/api/runs")[1]["runs"]]
+    assert names == ["mixed"]
+    for path in (f"/api/model?run={quote(name)}", f"/api/model?run={name}", f"/api/inside?run={quote(name)}",
+                 f"/api/training?run={quote(name)}&since=0"):
+        got, answer = request(served.port, "GET", path)
+        assert got == 404, (path, answer)
+    got, answer = request(served.port, "POST", "/api/attention", {"run": name, "text": "The"})
+    assert got == 404
+
+
+def test_a_run_whose_files_lead_outside_is_refused(tmp_path, runs):
+    """A listed run whose checkpoint or tokenizer is a symlink out of the runs folder."""
+    import shutil
+
+    from scratchlm.serve.library import RunLibrary, UnknownRun
+
+    folder = tmp_path / "runs"
+    shutil.copytree(runs / "mixed", folder / "sneaky")
+    shutil.move(folder / "sneaky" / "tokenizer", tmp_path / "tokenizer")
+    (folder / "sneaky" / "tokenizer").symlink_to(tmp_path / "tokenizer", target_is_directory=True)
+    library = RunLibrary(runs=folder)
+    assert [e.name for e in library.entries()] == ["sneaky"]
+    with pytest.raises(UnknownRun, match="outside"):
+        library.load("sneaky")
+
+
+@pytest.mark.parametrize("path", ["/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fapp.py",
+                                  "/static/%2e%2e%2f%2e%2e%2fcli.py", "/static//etc/passwd", "/../pyproject.toml"])
+def test_static_files_never_leave_the_static_folder(served, path):
+    conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
+    conn.putrequest("GET", path, skip_accept_encoding=True)  # sent as is, not normalised
+    conn.endheaders()
+    resp = conn.getresponse()
+    body = resp.read().decode("utf-8", "replace")
+    assert resp.status == 404 and "import" not in body and "root:" not in body
+
+
+def test_the_page_and_its_files_come_from_the_package(served):
+    got, page = request(served.port, "GET", "/")
+    assert got == 200 and "<html" in page.lower()
+    assert not re.search(r"""(src|href)=["']?(https?:)?//""", page)  # nothing from the internet
+    for asset in re.findall(r"""(?:src|href)=["'](/static/[^"']+)["']""", page):
+        got, text = request(served.port, "GET", asset)
+        text = text.replace("http://www.w3.org/2000/svg", "")  # SVG's namespace: a name, never fetched
+        assert got == 200 and "http://" not in text and "https://" not in text, asset
+
+
+# ------------------------------------------------------------------------------ the other pages' data
+
+
+def test_attention_weights_equal_the_numpy_reference(served, runs):
+    """Every layer and head, against the NumPy twin's forward pass in float64."""
+    from scratchlm.checkpoint import load_model
+    from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
+
+    text = "月光 and the king"
+    got, data = request(served.port, "POST", "/api/attention", {"run": "mixed", "text": text})
+    assert got == 200, data
+    model, tokenizer, _ = load_model(runs / "mixed")
+    ids = tokenizer.encode(text)
+    assert data["ids"] == ids and len(data["labels"]) == len(ids) and data["labels"][0] == "月"
+    trace = forward_trace(np.array(ids), params_from_state_dict({k: v.double() for k, v in model.state_dict().items()}),
+                          model.config)
+    weights = np.array(data["weights"])  # (L, H, T, T)
+    assert weights.shape == (2, 2, len(ids), len(ids))
+    for layer in range(2):
+        np.testing.assert_allclose(weights[layer], trace[f"h{layer}.weights"], atol=1e-5)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    assert np.all(np.triu(weights, 1) == 0)
+
+
+def test_attention_text_is_bounded(served):
+    got, answer = request(served.port, "POST", "/api/attention", {"run": "mixed", "text": "a" * 33})
+    assert got == 400 and "at most 32" in answer["error"]
+    got, answer = request(served.port, "POST", "/api/attention", {"run": "mixed", "text": ""})
+    assert got == 400 and "empty" in answer["error"]
+
+
+def test_inside_is_what_scratchlm_inspect_reports(served, runs):
+    got, data = request(served.port, "GET", "/api/inside?run=mixed")
+    assert got == 200
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "inspect", "--checkpoint", str(runs / "mixed"), "--json"],
+                          capture_output=True, text=True, timeout=240)
+    report = json.loads(proc.stdout)
+    assert data["trace"] == report["trace"]["stations"] and data["total"] == report["parameters"]["total"]
+    assert data["total"] == sum(int(np.prod(p["shape"])) for p in data["params"])
+    assert [p["name"] for p in data["params"]][:2] == ["transformer.wte.weight", "transformer.h.0.ln_1.weight"]
+
+
+def test_the_walkthrough_is_the_hand_models_forward_pass(served):
+    got, data = request(served.port, "GET", "/api/walkthrough")
+    assert got == 200 and data["labels"] == list("床前明月山") and data["max_diff"] < 1e-12
+    probs = np.array(next(s["torch"] for s in data["steps"] if s["key"] == "probs"))
+    logits = np.array(next(s["torch"] for s in data["steps"] if s["key"] == "logits"))
+    np.testing.assert_allclose(probs, np.exp(logits) / np.exp(logits).sum(-1, keepdims=True), atol=1e-12)
+
+
+def test_training_records_follow_a_growing_metrics_file(tmp_path, runs):
+    """Records from an offset, a half-written last line left for the next poll, `training` true
+    only while a process holds the run's lock, and a file that shrank read from the start."""
+    import shutil
+
+    from scratchlm.runlock import RunLock
+    from scratchlm.serve.app import Limits, training_data
+
+    run = tmp_path / "live"
+    shutil.copytree(runs / "mixed", run)
+    metrics = run / "metrics.jsonl"
+    metrics.write_text('{"event": "train", "step": 1, "loss": 4.0}\n{"event": "eval", "st', encoding="utf-8")
+    first = training_data(run, metrics, 0, Limits())
+    assert [r["step"] for r in first["records"]] == [1] and first["next"] == len(metrics.read_bytes().split(b"\n")[0]) + 1
+    assert first["training"] is False
+    with open(metrics, "a", encoding="utf-8") as f:
+        f.write('ep": 2, "val_loss": 3.5}\n{"event": "sample", "step": 2, "text": "床前"}\n')
+    with RunLock(run):
+        second = training_data(run, metrics, first["next"], Limits())
+    assert [r["event"] for r in second["records"]] == ["eval", "sample"] and second["records"][1]["text"] == "床前"
+    assert second["training"] is True and second["next"] == metrics.stat().st_size
+    metrics.write_text('{"event": "start", "step": 0}\n', encoding="utf-8")
+    again = training_data(run, metrics, second["next"], Limits())
+    assert again["reset"] and [r["event"] for r in again["records"]] == ["start"]
+
+
+# ------------------------------------------------------------------------------ load
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.slow
+def test_a_bounded_load_leaks_no_threads_or_memory(served):
+    """8 streams at once, then 100 short requests, three rounds: no error, the generation threads
+    all end, and the memory after the last round is within a few MiB of after the first."""
+    port = served.port
+    shorts = [("GET", "/api/runs", None), ("GET", "/api/model?run=mixed", None),
+              ("POST", "/api/attention", {"run": "mixed", "text": "The king"}),
+              ("POST", "/api/generate", {"run": "mixed", "prompt": "a", "max_new_tokens": 3, "seed": 1})]
+    rss, threads = [], []
+    for _ in range(3):
+        with ThreadPoolExecutor(8) as pool:
+            texts = list(pool.map(lambda i: streamed_text(generate_events(
+                port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 120, "seed": i})), range(8)))
+        assert all(texts)
+        with ThreadPoolExecutor(4) as pool:
+            answers = list(pool.map(lambda i: request(port, *shorts[i % 4]), range(100)))
+        assert all(status == 200 for status, _ in answers)
+        assert wait_until(lambda: generate_threads() == 0)
+        rss.append(_rss_mib())
+        threads.append(sorted(t.name for t in threading.enumerate()))
+    print(f"\nmemory after each round: {', '.join(f'{r:.1f}' for r in rss)} MiB; threads after each round: "
+          f"{[len(t) for t in threads]}")
+    assert rss[-1] - rss[0] < 8, rss
+    # the web server's worker pool (anyio) keeps idle threads for a while; it must not grow
+    assert len(threads[-1]) <= len(threads[0]), threads
+
+
+# ------------------------------------------------------------------------------ the command
+
+
+def _start_serve(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+    line = proc.stdout.readline()
+    return proc, line
+
+
+def _listening(port: int) -> list[str]:
+    """The local addresses (hex, as /proc/net/tcp writes them) listening on `port`."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        if os.path.exists(table):
+            for line in Path(table).read_text().splitlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
+                    found.append(local.rsplit(":", 1)[0])
+    return found
+
+
+def test_the_command_prints_its_address_and_binds_loopback(runs):
+    proc, line = _start_serve("--runs", str(runs), "--port", "0")
+    try:
+        match = re.match(r"scratchlm playground: http://127\.0\.0\.1:(\d+)/ ", line)
+        assert match, line
+        port = int(match.group(1))
+        assert request(port, "GET", "/api/runs")[1]["default"] == "mixed"
+        if sys.platform == "linux":
+            assert _listening(port) == ["0100007F"]  # 127.0.0.1 only, as the kernel sees it
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_another_host_gets_a_warning_line(runs):
+    proc, line = _start_serve("--checkpoint", str(runs / "mixed"), "--host", "0.0.0.0", "--port", "0")
+    try:
+        port = int(re.search(r":(\d+)/", line).group(1))
+        assert request(port, "GET", "/api/runs")[1]["default"] == "mixed"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    assert proc.stderr.read().startswith("warning: listening on 0.0.0.0, reachable from other machines")
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--port", "70000"], "--port must be between 0 and 65535"),
+    (["--runs", "/nonexistent/runs"], "no such folder"),
+    (["--checkpoint", "/nonexistent/run"], "no such checkpoint"),
+    ([], "no ./runs folder here"),
+    (["--host", "no.such.host.invalid"], "--host no.such.host.invalid"),
+    (["--max-new-tokens", "0"], "--max-new-tokens"),
+])
+def test_the_command_refuses_bad_input_in_one_line(tmp_path, runs, args, words):
+    if "--runs" not in args and "--checkpoint" not in args and args:
+        args = ["--runs", str(runs), *args]
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "serve", *args], capture_output=True, text=True,
+                          timeout=120, cwd=tmp_path)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
+
+
+def test_a_port_in_use_is_one_error_line(runs):
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    try:
+        port = holder.getsockname()[1]
+        proc = subprocess.run([sys.executable, "-m", "scratchlm", "serve", "--runs", str(runs), "--port", str(port)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and proc.stderr == (
+            f"error: cannot listen on 127.0.0.1:{port} (in use); pick another with --port (0 picks a free one)\n")
+    finally:
+        holder.close()
