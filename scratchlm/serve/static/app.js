@@ -1,0 +1,94 @@
+// The browser side of `scratchlm serve`, its starting point: the tabs (routing by the address's
+// #hash), the model picker, and the wiring of buttons to the functions in the tab scripts.
+// Plain JavaScript, no framework and no build step. Read common.js first, then each tab's file.
+"use strict";
+
+const TABS = ["generate", "attention", "inside", "training"];
+
+// Show the tab named in the address (#generate, ...), hide the others, and tell the tabs.
+function route() {
+  const name = location.hash.slice(1);
+  const tab = TABS.includes(name) ? name : "generate";
+  const previous = playground.tab;
+  playground.tab = tab;
+  for (const t of TABS) {
+    document.getElementById("tab-" + t).hidden = t !== tab;
+    const link = document.getElementById("nav-" + t);
+    if (t === tab) link.setAttribute("aria-current", "page");
+    else link.removeAttribute("aria-current");
+  }
+  hideAlts();
+  if (previous === "training" && tab !== "training") stopPolling();
+  showTab(tab, false);
+}
+
+// A tab has just been shown (or the model changed: runChanged is true): load what it needs.
+function showTab(tab, runChanged) {
+  if (tab === "attention") attentionShown(runChanged);
+  if (tab === "inside") insideShown();
+  if (tab === "training") trainingShown(runChanged);
+}
+
+// Fill the model picker from GET /api/runs. The answer may be a list of names or of
+// {name, ...} objects, or {"runs": [...], "default": name}.
+async function loadRuns() {
+  const select = $("#run");
+  try {
+    const data = await fetchJSON("/api/runs");
+    const runs = Array.isArray(data) ? data : data.runs || [];
+    const names = runs.map((r) => (typeof r === "string" ? r : r.name));
+    if (!names.length) throw new Error("the server knows no runs");
+    select.replaceChildren(...runs.map(runOption));
+    const wanted = (!Array.isArray(data) && data.default) || "default";
+    select.value = names.includes(wanted) ? wanted : names[0];
+    playground.run = select.value;
+  } catch (err) {
+    showError("page-error", "could not list the models: " + err.message);
+  }
+}
+
+// One <option> for a run: its name and the step of its checkpoint (as the page was loaded).
+function runOption(run) {
+  if (typeof run === "string") return el("option", { value: run }, run);
+  const step = typeof run.step === "number" ? ` · step ${fmtInt(run.step)}` : "";
+  const model = run.model && run.model.n_layer ? `${run.model.n_layer} layers, ${run.model.n_embd} wide` : null;
+  return el("option", { value: run.name, title: model }, run.name + step);
+}
+
+// The picker changed: forget what belonged to the old model and reload the tab shown.
+function runChanged() {
+  playground.run = $("#run").value;
+  playground.inside = null;
+  resetTraining();
+  showTab(playground.tab, true);
+}
+
+// ---------------------------------------------------------------- start
+
+function wire() {
+  $("#go").addEventListener("click", startGeneration);
+  $("#stop").addEventListener("click", () => gen.controller && gen.controller.abort());
+  $("#prompt").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("#go").disabled) startGeneration();
+  });
+  $("#att-go").addEventListener("click", loadAttention);
+  $("#run").addEventListener("change", runChanged);
+  window.addEventListener("hashchange", route);
+  // a click or tap outside a token closes its popup; Escape too
+  document.addEventListener("click", (event) => { if (!event.target.closest("#alts")) hideAlts(); });
+  document.addEventListener("keydown", (event) => { if (event.key === "Escape") hideAlts(); });
+  // an unexpected failure shows on the page, not only in the console
+  window.addEventListener("error", (event) => showError("page-error", event.message));
+  window.addEventListener("unhandledrejection", (event) => showError("page-error", String(event.reason)));
+}
+
+async function main() {
+  wire();
+  drawLegend();
+  drawTraining();
+  await loadRuns();
+  route();
+  playground.ready = true;
+}
+
+main();

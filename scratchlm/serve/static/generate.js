@@ -1,0 +1,255 @@
+// Tab 1, Generate: send the prompt and settings to POST /api/generate, read the answer as a
+// stream of Server-Sent Events, and show each token as it arrives, shaded by how likely the
+// model found it; pointing at a token shows the alternatives the model weighed.
+"use strict";
+
+const gen = { controller: null, firstTokenAt: null, startedAt: 0 };
+
+// Read a number input: "" gives null (the setting is off), otherwise an int or a float.
+function numberField(id, integer) {
+  const text = document.getElementById(id).value.trim();
+  if (text === "") return null;
+  const value = integer ? parseInt(text, 10) : parseFloat(text);
+  if (Number.isNaN(value)) throw new Error(`${id} is not a number: ${text}`);
+  return value;
+}
+
+// The JSON body of POST /api/generate, from the controls.
+function generateRequest() {
+  return {
+    run: playground.run,
+    prompt: $("#prompt").value,
+    max_new_tokens: numberField("max_new_tokens", true) ?? 200,
+    temperature: numberField("temperature", false) ?? 1,
+    top_k: numberField("top_k", true),
+    top_p: numberField("top_p", false),
+    min_p: numberField("min_p", false),
+    repetition_penalty: numberField("repetition_penalty", false) ?? 1,
+    greedy: $("#greedy").checked,
+    beams: numberField("beams", true) ?? 1,
+    seed: numberField("seed", true),
+  };
+}
+
+// Set the status line and its data-state (idle, running, done, stopped, error).
+function setStatus(state, text) {
+  const status = $("#status");
+  status.dataset.state = state;
+  status.textContent = text;
+}
+
+function setRunning(running) {
+  $("#go").disabled = running;
+  $("#stop").disabled = !running;
+}
+
+// #go: send the request and read the answer as a stream of Server-Sent Events.
+async function startGeneration() {
+  showError("gen-error", "");
+  let body;
+  try {
+    body = generateRequest();
+  } catch (err) {
+    return failGeneration(err.message);
+  }
+  playground.tokens = [];
+  playground.done = null;
+  hideAlts();
+  const output = $("#output");
+  output.replaceChildren(el("span", { class: "prompt" }, body.prompt));
+  for (const name of ["tokens", "seconds", "serverSeconds"]) delete $("#status").dataset[name];
+  setStatus("running", "sending the prompt…");
+  setRunning(true);
+  gen.controller = new AbortController();
+  gen.firstTokenAt = null;
+  gen.startedAt = performance.now();
+  try {
+    const response = await fetch("/api/generate", postJSON(body, gen.controller.signal));
+    if (!response.ok) {
+      const data = await response.json().catch(() => null);
+      throw new Error((data && data.error) || `${response.status} ${response.statusText}`);
+    }
+    const finished = await readEvents(response.body, onGenerateEvent);
+    if (!finished) failGeneration("the connection closed before the end of the text");
+  } catch (err) {
+    if (err.name === "AbortError") stoppedGeneration();
+    else failGeneration(err.message);
+  } finally {
+    gen.controller = null;
+    setRunning(false);
+  }
+}
+
+// Read a Server-Sent Events stream ("event: NAME\ndata: JSON\n\n"), calling onEvent(name, data)
+// for each whole event. Chunks from the network may hold several events, or part of one, so
+// text is kept in a buffer until a blank line ends an event. Returns true when onEvent said
+// the stream is finished (it returns true for done and error).
+async function readEvents(stream, onEvent) {
+  const reader = stream.getReader();
+  const decoder = new TextDecoder();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    buffer += done ? decoder.decode() : decoder.decode(value, { stream: true });
+    buffer = buffer.replace(/\r\n/g, "\n");
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const block = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      if (handleBlock(block, onEvent)) return true;
+    }
+    if (done) return buffer.trim() !== "" && handleBlock(buffer, onEvent);
+  }
+}
+
+// One event's lines: "event: name" and "data: ..." (several data lines join with a newline);
+// lines starting with ":" are comments (keep-alives).
+function handleBlock(block, onEvent) {
+  let name = "message";
+  const data = [];
+  for (const line of block.split("\n")) {
+    if (line === "" || line.startsWith(":")) continue;
+    const colon = line.indexOf(":");
+    const field = colon < 0 ? line : line.slice(0, colon);
+    let value = colon < 0 ? "" : line.slice(colon + 1);
+    if (value.startsWith(" ")) value = value.slice(1);
+    if (field === "event") name = value;
+    else if (field === "data") data.push(value);
+  }
+  if (!data.length) return false;
+  return onEvent(name, JSON.parse(data.join("\n")));
+}
+
+// What to do with each event of /api/generate; true means the stream is over.
+function onGenerateEvent(name, data) {
+  if (name === "start") {
+    const cropped = data.cropped ? " (cropped to the model's context window)" : "";
+    const seed = data.seed !== undefined && data.seed !== null ? `, seed ${data.seed}` : "";
+    setStatus("running", `prompt: ${data.prompt_ids} tokens${cropped}${seed}; generating…`);
+  } else if (name === "token") {
+    addToken(data);
+  } else if (name === "done") {
+    finishGeneration(data);
+    return true;
+  } else if (name === "error") {
+    failGeneration(data.message);
+    return true;
+  }
+  return false;
+}
+
+// Background colour of a token by its probability p: orange when unlikely, clear when likely.
+function pColour(p) {
+  const alpha = 0.8 * Math.pow(1 - Math.min(Math.max(p, 0), 1), 1.5);
+  return `rgba(245, 140, 40, ${alpha.toFixed(3)})`;
+}
+
+// Append one generated token to #output as a <span class="tok">.
+function addToken(token) {
+  if (gen.firstTokenAt === null) gen.firstTokenAt = performance.now();
+  playground.tokens.push(token);
+  const span = el("span", {
+    class: "tok",
+    "data-index": token.index,
+    "data-id": token.id,
+    "data-p": String(token.p),
+    tabindex: "0",
+  }, token.text);
+  // a newline alone, or no text yet (part of a character), would be invisible: CSS marks them
+  if (token.text.includes("\n")) span.classList.add("newline");
+  if (token.text === "") span.classList.add("partial");
+  span.style.backgroundColor = pColour(token.p);
+  span.addEventListener("mouseenter", () => showAlts(span, false));
+  span.addEventListener("mouseleave", () => { if (!$("#alts").dataset.pinned) hideAlts(); });
+  span.addEventListener("click", (event) => { event.stopPropagation(); showAlts(span, true); });
+  $("#output").append(span);
+  const n = playground.tokens.length;
+  if (n % 5 === 1) setStatus("running", `generating… ${n} tokens`);
+}
+
+// The done event: the summary line, the browser's own timing, and (beam search) the text.
+function finishGeneration(done) {
+  playground.done = done;
+  const received = playground.tokens.length;
+  if (!received && done.text) $("#output").append(el("span", { class: "beam-text" }, done.text));
+  const n = received || done.tokens;
+  const browserSeconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
+  // one token (or beams) gives a first-to-last interval near zero: then the server's time is fairer
+  const seconds = browserSeconds > 0.001 && received > 1 ? browserSeconds : done.seconds;
+  const rate = seconds > 0 ? (n / seconds).toFixed(1) : "–";
+  const status = $("#status");
+  status.dataset.tokens = n;
+  status.dataset.seconds = browserSeconds.toFixed(3);
+  status.dataset.serverSeconds = done.seconds;
+  const why = { length: "the token limit", eos: "the end-of-text token", stop: "a stop sequence",
+    stopped: "a stop request" }[done.reason] || done.reason;
+  const logprob = typeof done.logprob === "number" ? `, log-probability ${done.logprob.toFixed(3)}` : "";
+  setStatus("done", `${n} tokens in ${seconds.toFixed(2)} s (${rate} tokens/s); ended by ${why}${logprob}`);
+}
+
+function stoppedGeneration() {
+  const n = playground.tokens.length;
+  const seconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
+  $("#status").dataset.tokens = n;
+  $("#status").dataset.seconds = seconds.toFixed(3);
+  setStatus("stopped", `stopped after ${n} tokens (${seconds.toFixed(2)} s)`);
+}
+
+function failGeneration(message) {
+  setStatus("error", "failed");
+  showError("gen-error", message);
+}
+
+// The popup #alts for one token: its label and p, then the five most likely tokens.
+function showAlts(span, pinned) {
+  const token = playground.tokens[Number(span.dataset.index)];
+  if (!token) return;
+  const popup = $("#alts");
+  const list = el("ol");
+  for (const alt of token.top || []) {
+    const chosen = alt.id === token.id;
+    list.append(el("li", { class: chosen ? "alt chosen" : "alt", "data-id": alt.id, "data-p": String(alt.p) },
+      el("code", {}, alt.label), el("span", { class: "pct" }, fmtPct(alt.p))));
+  }
+  const inTop = (token.top || []).some((alt) => alt.id === token.id);
+  popup.replaceChildren(
+    el("div", { class: "alts-head" }, "token ", el("code", {}, token.label), ` · p = ${fmtPct(token.p)}`),
+    el("div", { class: "alts-sub" }, "the most likely tokens at this step:"),
+    list,
+  );
+  if (!inTop) popup.append(el("div", { class: "alts-sub" }, "(the token taken was not among them)"));
+  popup.dataset.index = token.index;
+  if (pinned) popup.dataset.pinned = "1";
+  else delete popup.dataset.pinned;
+  popup.hidden = false;
+  placeNear(popup, span);
+}
+
+// Put the popup just under the element (above it when there is no room below), on screen.
+function placeNear(popup, target) {
+  const box = target.getBoundingClientRect();
+  const width = popup.offsetWidth;
+  const height = popup.offsetHeight;
+  const left = Math.min(Math.max(4, box.left), document.documentElement.clientWidth - width - 4);
+  const below = box.bottom + 6;
+  const top = below + height < window.innerHeight ? below : Math.max(4, box.top - height - 6);
+  popup.style.left = `${left + window.scrollX}px`;
+  popup.style.top = `${top + window.scrollY}px`;
+}
+
+function hideAlts() {
+  const popup = $("#alts");
+  popup.hidden = true;
+  delete popup.dataset.pinned;
+}
+
+// The legend under the output: what the token colours mean.
+function drawLegend() {
+  const swatches = [0.02, 0.2, 0.5, 0.8, 0.98].map((p) => {
+    const swatch = el("span", { class: "swatch" }, fmtPct(p).replace(".00", ""));
+    swatch.style.backgroundColor = pColour(p);
+    return swatch;
+  });
+  $("#p-legend").replaceChildren("colour = how likely the model found the token it took: ", ...swatches);
+}
+
