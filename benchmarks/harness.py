@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 README = ROOT / "README.md"
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
-BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "time_to_loss", "time_to_loss-nobf16")
+BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "serve", "time_to_loss", "time_to_loss-nobf16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -111,6 +111,12 @@ def _bench_train_gpu(quick: bool, repeats: int) -> dict[str, Any]:
     return bench_train_gpu.run(steps=5 if quick else 10, blocks=2 if quick else max(repeats, 3))
 
 
+def _bench_serve(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_serve  # skips itself without playwright or a Chromium
+
+    return bench_serve.run(repeats=1 if quick else repeats)
+
+
 TIME_TO_LOSS_THREADS: int | None = None  # --ttl-threads
 
 
@@ -139,7 +145,7 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
-    "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
+    "serve": _bench_serve, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
 
@@ -239,6 +245,13 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
                 rows.append((where, f"{model} MFU (of {peak_text} bf16)", "", _num(100 * m["mfu"]), "%"))
             if m.get("peak_memory_mb") is not None:
                 rows.append((where, f"{model} peak allocated memory", "", _num(m["peak_memory_mb"], 0), "MB"))
+    elif name == "serve":
+        if "skipped" in r:
+            rows.append(("playground", f"skipped: {r['skipped']}", "", "", ""))
+        for who, label in (("generate", "`scratchlm generate`'s loop"), ("browser", "tokens seen by the browser (Chromium)")):
+            if who in r:
+                rows.append((f"playground, greedy {r['new_tokens']} tokens, {r['model']}", label,
+                             _num(r[who]["best_tok_s"], 0), _num(r[who]["median_tok_s"], 0), "tok/s"))
     elif name.startswith("time_to_loss"):
         where = f"time to val loss 1.88, {r.get('threads', '?')} thr" + (", no bf16" if name.endswith("nobf16") else "")
         if "skipped" in r:

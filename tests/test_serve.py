@@ -128,11 +128,17 @@ def streamed_text(events: list[tuple[str, dict]]) -> str:
 
 
 def cli_generate(run: Path, prompt: str, *flags: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "scratchlm", "generate", "--checkpoint", str(run), "--prompt", prompt,
-                           "--no-echo", *flags], capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.endswith("\n")
-    return proc.stdout[:-1]
+    """What `scratchlm generate ... --no-echo` prints, run in this process (no second torch import)."""
+    import contextlib
+    import io
+
+    from scratchlm.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = main(["generate", "--checkpoint", str(run), "--prompt", prompt, "--no-echo", *flags])
+    assert code == 0 and out.getvalue().endswith("\n")
+    return out.getvalue()[:-1]
 
 
 def generate_threads() -> int:
@@ -233,11 +239,8 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
 def test_beams_answer_with_the_command_lines_best_sequence(served, runs):
     events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 20, "beams": 3})
     assert [e for e, _ in events] == ["done"]
-    proc = subprocess.run([sys.executable, "-m", "scratchlm", "generate", "--checkpoint", str(runs / "mixed"),
-                           "--prompt", "The ", "--no-echo", "--max-new-tokens", "20", "--beams", "3"],
-                          capture_output=True, text=True, timeout=240)
-    header, text = proc.stdout.split("\n", 1)
-    assert text[:-1] == events[0][1]["text"]
+    header, text = cli_generate(runs / "mixed", "The ", "--max-new-tokens", "20", "--beams", "3").split("\n", 1)
+    assert text == events[0][1]["text"]
     assert float(re.search(r"logprob (-?[\d.]+)", header).group(1)) == pytest.approx(events[0][1]["logprob"], abs=1e-4)
 
 
@@ -368,9 +371,15 @@ def test_attention_text_is_bounded(served):
 def test_inside_is_what_scratchlm_inspect_reports(served, runs):
     got, data = request(served.port, "GET", "/api/inside?run=mixed")
     assert got == 200
-    proc = subprocess.run([sys.executable, "-m", "scratchlm", "inspect", "--checkpoint", str(runs / "mixed"), "--json"],
-                          capture_output=True, text=True, timeout=240)
-    report = json.loads(proc.stdout)
+    import contextlib
+    import io
+
+    from scratchlm.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["inspect", "--checkpoint", str(runs / "mixed"), "--json"]) == 0
+    report = json.loads(out.getvalue())
     assert data["trace"] == report["trace"]["stations"] and data["total"] == report["parameters"]["total"]
     assert data["total"] == sum(int(np.prod(p["shape"])) for p in data["params"])
     assert [p["name"] for p in data["params"]][:2] == ["transformer.wte.weight", "transformer.h.0.ln_1.weight"]

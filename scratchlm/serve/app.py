@@ -36,7 +36,7 @@ from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
 from scratchlm.serve.library import RunLibrary, UnknownRun, describe
-from scratchlm.serve.streams import GenerateRequest, GenerationStream
+from scratchlm.serve.streams import GenerateRequest, GenerationStream, shown
 
 STATIC = Path(__file__).parent / "static"
 HAND_TOKENS = ("床", "前", "明", "月", "山")  # names for the hand preset's 5 ids, as in the docs
@@ -237,7 +237,8 @@ def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
     with loaded.lock:
         weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
     return {
-        "ids": ids, "labels": token_labels(loaded.tokenizer, ids), "n_layer": cfg.n_layer, "n_head": cfg.n_head,
+        "ids": ids, "labels": [shown(label) for label in token_labels(loaded.tokenizer, ids)],
+        "n_layer": cfg.n_layer, "n_head": cfg.n_head,
         "weights": [w.tolist() for w in weights],
     }
 

@@ -57,24 +57,38 @@ def _is_loopback(host: str) -> bool:
 
 
 def _run_serve(args) -> int:
+    # Everything that can be checked without torch is checked first, the address taken last
+    # before the models: a typo costs a fraction of a second, and a port in use is found before
+    # any loading.
+    if not 1 <= args.max_new_tokens <= 100_000:
+        raise UserError(f"--max-new-tokens must be between 1 and 100000, got {args.max_new_tokens}")
+    if args.checkpoint is None and args.runs is None and not Path(DEFAULT_RUNS).is_dir():
+        raise UserError(f"no ./{DEFAULT_RUNS} folder here; train a run first (scratchlm train --out_dir "
+                        f"{DEFAULT_RUNS}/baby), or give --runs FOLDER or --checkpoint DIR")
+    if args.runs is not None and not Path(args.runs).is_dir():
+        raise UserError(f"--runs {args.runs}: no such folder")
+    if args.checkpoint is not None and not Path(args.checkpoint).exists():
+        raise UserError(f"--checkpoint {args.checkpoint}: no such checkpoint or run directory")
+    sock = _bind(args.host, args.port)
+    try:
+        return _serve(args, sock)
+    finally:
+        sock.close()
+
+
+def _serve(args, sock: socket.socket) -> int:
     import uvicorn
 
     from scratchlm.devices import pick_device
     from scratchlm.serve.app import Limits, create_app
     from scratchlm.serve.library import RunLibrary
 
-    if not 1 <= args.max_new_tokens <= 100_000:
-        raise UserError(f"--max-new-tokens must be between 1 and 100000, got {args.max_new_tokens}")
-    if args.checkpoint is None and args.runs is None and not Path(DEFAULT_RUNS).is_dir():
-        raise UserError(f"no ./{DEFAULT_RUNS} folder here; train a run first (scratchlm train --out_dir "
-                        f"{DEFAULT_RUNS}/baby), or give --runs FOLDER or --checkpoint DIR")
     device = str(pick_device(args.device, allow_mps=False))
     if args.checkpoint is not None:
         library = RunLibrary(checkpoint=args.checkpoint, device=device)
     else:
         library = RunLibrary(runs=args.runs or DEFAULT_RUNS, device=device)
     app = create_app(library, Limits(max_new_tokens=args.max_new_tokens))
-    sock = _bind(args.host, args.port)
     host, port = sock.getsockname()[:2]
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",

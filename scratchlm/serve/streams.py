@@ -46,15 +46,21 @@ class GenerateRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, min_p, ...
 
 
+def shown(label: str) -> str:
+    """A label with every control character drawn as its Unicode picture (\x03 as ␃, DEL as ␡),
+    so no token is invisible on the page."""
+    return "".join(chr(0x2400 + ord(c)) if ord(c) < 0x20 else "\u2421" if c == "\x7f" else c for c in label)
+
+
 def id_label(tokenizer: Any, token: int) -> str:
-    """A token shown alone: its text with whitespace visible; a byte-level piece of a character
-    (no whole character of its own) as its id."""
+    """A token shown alone: its text with whitespace and control characters visible; a byte-level
+    piece of a character (no whole character of its own) as its id."""
     from scratchlm.tokenize_view import visible
 
     text = tokenizer.decode([token])
     if "\ufffd" in text:
         return f"[byte piece #{token}]"
-    return visible(text) or f"[#{token}]"
+    return shown(visible(text)) or f"[#{token}]"
 
 
 def token_event(tokenizer: Any, index: int, token: int, text: str, logits: torch.Tensor) -> dict[str, Any]:

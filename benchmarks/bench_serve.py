@@ -1,0 +1,147 @@
+"""The playground's speed as its reader sees it: tokens per second in the browser beside
+`scratchlm generate`'s own loop, for the same model, prompt and greedy tokens.
+
+A short `shakespeare-char` run (30 steps on the built-in corpus) gives the model. Then, in turns:
+  - generate: `scratchlm.generate.stream`, the loop `scratchlm generate` prints from, timed here
+    from its first piece of text to its last;
+  - browser: Debian's Chromium, driven by Playwright, opens `scratchlm serve --checkpoint RUN`,
+    types the prompt, ticks greedy and presses Generate; the page's own clock (performance.now)
+    times the first token event to the done event, and the page reports the tokens it received.
+Both decode the same number of tokens (greedy, so the same tokens: checked), one after the
+other, `repeats` times each, alternating. The goal: the browser's median at >= 0.85x generate's.
+
+    python -m benchmarks.bench_serve --repeats 3
+
+Needs the `playwright` package and a Chromium (/usr/bin/chromium, or SCRATCHLM_CHROMIUM); skips
+itself, saying why, without them. Never run as a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+PROMPT = "ROMEO:"
+NEW_TOKENS = 600
+GOAL = 0.85
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+def chromium_path() -> str | None:
+    path = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    return path if path and Path(path).exists() else None
+
+
+def train_run(folder: Path) -> Path:
+    run = folder / "baby"
+    subprocess.run([sys.executable, "-m", "scratchlm", "train", "--preset", "shakespeare-char", "--max_steps", "30",
+                    "--eval_interval", "0", "--sample_tokens", "0", "--progress", "quiet", "--out_dir", str(run)],
+                   check=True, env={**os.environ, "SCRATCHLM_CACHE": str(folder / "cache")})
+    return run
+
+
+def time_generate(run: Path) -> tuple[float, str]:
+    """(tokens per second from the first piece to the last, the text) of generate's own loop."""
+    from scratchlm.checkpoint import load_model
+    from scratchlm.generate import stream
+
+    model, tokenizer, _ = load_model(run)
+    pieces, stamps = [], []
+    for piece in stream(model, tokenizer, PROMPT, max_new_tokens=NEW_TOKENS, greedy=True):
+        pieces.append(piece)
+        stamps.append(time.perf_counter())
+    text = "".join(pieces)
+    return (NEW_TOKENS - 1) / (stamps[-1] - stamps[0]), text
+
+
+def start_server(run: Path) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", "--checkpoint", str(run), "--port", "0"],
+                            stdout=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    match = re.search(r"(http://\S+/)", line)
+    if not match:
+        proc.kill()
+        raise RuntimeError(f"scratchlm serve printed {line!r}, not its address")
+    return proc, match.group(1)
+
+
+def time_browser(page, url: str) -> tuple[float, str, dict[str, Any]]:
+    """(tokens per second by the page's clock, the text shown, the status attributes)."""
+    page.goto(url + "#generate")
+    page.wait_for_function("document.querySelector('#run') && document.querySelector('#run').value !== ''")
+    page.fill("#prompt", PROMPT)
+    page.fill("#max_new_tokens", str(NEW_TOKENS))
+    page.check("#greedy")
+    page.click("#go")
+    page.wait_for_selector("#status[data-state=done]", timeout=300_000)
+    status = page.eval_on_selector("#status", "s => ({...s.dataset})")
+    text = page.eval_on_selector_all("#output .tok", "spans => spans.map(s => s.textContent).join('')")
+    tokens, seconds = int(status["tokens"]), float(status["seconds"])
+    return (tokens - 1) / seconds, text, status
+
+
+def run(repeats: int = 3) -> dict[str, Any]:
+    browser_path = chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        return {"skipped": "the playwright package is not installed (pip install -e '.[dev]')"}
+    if browser_path is None:
+        return {"skipped": "no Chromium found (apt-get install chromium, or set SCRATCHLM_CHROMIUM)"}
+    with tempfile.TemporaryDirectory() as tmp:
+        run_dir = train_run(Path(tmp))
+        server, url = start_server(run_dir)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=browser_path, args=CHROMIUM_ARGS)
+                page = browser.new_page()
+                time_browser(page, url)  # warm up both sides: model load, page scripts
+                time_generate(run_dir)
+                ours, seen, statuses = [], [], []
+                for _ in range(repeats):
+                    rate, text = time_generate(run_dir)
+                    ours.append(rate)
+                    rate, shown, status = time_browser(page, url)
+                    seen.append(rate)
+                    statuses.append(status)
+                    if shown != text:
+                        raise RuntimeError("the page showed other text than generate printed")
+                browser.close()
+        finally:
+            server.terminate()
+            server.wait(10)
+    ratio = statistics.median(seen) / statistics.median(ours)
+    return {
+        "prompt": PROMPT, "new_tokens": NEW_TOKENS, "model": "shakespeare-char (30 steps)",
+        "generate": {"tok_s": ours, "median_tok_s": statistics.median(ours), "best_tok_s": max(ours)},
+        "browser": {"tok_s": seen, "median_tok_s": statistics.median(seen), "best_tok_s": max(seen),
+                    "server_seconds": [float(s.get("serverSeconds", "nan")) for s in statuses]},
+        "targets": [{"target": "playground tokens/s seen by the browser / scratchlm generate's", "ratio": ratio,
+                     "goal": GOAL, "met": ratio >= GOAL}],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--json", type=Path, help="also write the figures here")
+    args = parser.parse_args()
+    result = run(args.repeats)
+    print(json.dumps(result, indent=1))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

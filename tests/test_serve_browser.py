@@ -1,0 +1,307 @@
+"""The playground in a real browser: Debian's Chromium, driven by Playwright.
+
+The page is loaded from a `scratchlm serve` app on loopback and used as a person would: type a
+prompt, press Generate, point at a token, open the attention tab, click a station. What it shows
+is checked against what the server did not compute for it: `scratchlm generate --greedy`, the
+model's plain forward pass, the NumPy reference's attention weights, fontconfig's list of which
+fonts hold which characters. Screenshots go to the git-ignored .test-pictures/ for people.
+
+Needs Chromium (`apt-get install chromium`; .ci/run installs it) and the playwright package (the
+dev extra); without them these tests skip, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from test_serve import POEM, Served, cli_generate, generate_threads, train_serve_run, wait_until
+
+CHROMIUM = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    import playwright.sync_api as pw
+except ImportError:  # pragma: no cover - the dev extra installs it
+    pw = None
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None or pw is None,
+    reason="browser tests need Chromium (apt-get install chromium) and playwright (pip install -e '.[dev]')")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+PICTURES = Path(__file__).resolve().parents[1] / ".test-pictures"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    base = tmp_path_factory.mktemp("serve-browser")
+    folder = base / "runs"
+    train_serve_run(base, folder / "mixed")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(runs):
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:  # room for the stop test
+        yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    with pw.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, served):
+    """A fresh page on the playground; every request it makes is recorded, and any console error
+    or request off this server fails the test."""
+    context = browser.new_context(viewport={"width": 1200, "height": 900})
+    page = context.new_page()
+    base = f"http://127.0.0.1:{served.port}/"
+    requests, errors = [], []
+    page.on("request", lambda r: requests.append(r.url))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.base = base
+    page.goto(base)
+    page.wait_for_function("window.playground && window.playground.ready === true")
+    page.select_option("#run", "mixed")
+    yield page
+    context.close()
+    assert [u for u in requests if not u.startswith(base) and not u.startswith("data:")] == []
+    assert errors == []
+
+
+def _generate(page, prompt: str, max_new_tokens: int, **controls) -> dict:
+    page.goto(page.base + "#generate")
+    page.wait_for_function("window.playground.ready === true")
+    page.fill("#prompt", "")
+    page.locator("#prompt").press_sequentially(prompt)  # typed, key by key
+    page.fill("#max_new_tokens", str(max_new_tokens))
+    for name, value in controls.items():
+        if isinstance(value, bool):
+            page.set_checked(f"#{name}", value)
+        else:
+            page.fill(f"#{name}", str(value))
+    page.click("#go")
+    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    return page.eval_on_selector("#status", "s => ({...s.dataset})")
+
+
+def _shown_text(page) -> str:
+    return page.eval_on_selector_all("#output .tok", "spans => spans.map(s => s.textContent).join('')")
+
+
+@pytest.mark.parametrize("prompt", ["ROMEO:", POEM[:3]])
+def test_the_streamed_text_is_what_scratchlm_generate_prints(page, runs, prompt):
+    status = _generate(page, prompt, 80, greedy=True)
+    expected = cli_generate(runs / "mixed", prompt, "--greedy", "--max-new-tokens", "80")
+    assert _shown_text(page) == expected
+    assert page.inner_text("#output .prompt") == prompt
+    assert int(status["tokens"]) == page.locator("#output .tok").count() == 80
+
+
+def test_pointing_at_a_token_shows_the_models_own_probabilities(page, runs):
+    """For several tokens of a sampled stream: the popup's alternatives and percentages are the
+    softmax of the model's plain forward pass over the prompt and the tokens before it."""
+    from scratchlm.checkpoint import load_model
+
+    _generate(page, "The ", 30, temperature=1.3, seed=5)
+    model, tokenizer, _ = load_model(runs / "mixed")
+    model = model.double()
+    ids = tokenizer.encode("The ") + [int(i) for i in page.eval_on_selector_all(
+        "#output .tok", "spans => spans.map(s => s.dataset.id)")]
+    for index in (0, 7, 19, 29):
+        page.hover(f"#output .tok[data-index='{index}']")
+        page.wait_for_selector(f"#alts[data-index='{index}']", state="visible")
+        rows = page.eval_on_selector_all("#alts li.alt", "lis => lis.map(li => ({id: +li.dataset.id, "
+                                         "p: +li.dataset.p, text: li.textContent, chosen: li.classList.contains('chosen')}))")
+        context = ids[: 4 + index][-model.config.block_size:]
+        with torch.no_grad():
+            probs = torch.softmax(model(torch.tensor([context]))[0][0, -1, : tokenizer.vocab_size], -1)
+        top = torch.argsort(probs, descending=True)[:5].tolist()
+        assert [r["id"] for r in rows] == top
+        for r in rows:
+            assert r["p"] == pytest.approx(float(probs[r["id"]]), abs=1e-6)
+            assert f"{100 * float(probs[r['id']]):.2f}%" in r["text"]  # what the reader sees, to 2 decimals
+            assert r["chosen"] == (r["id"] == ids[4 + index])
+        chosen_p = float(page.get_attribute(f"#output .tok[data-index='{index}']", "data-p"))
+        assert chosen_p == pytest.approx(float(probs[ids[4 + index]]), abs=1e-6)
+
+
+def test_stop_ends_the_stream_and_the_servers_generation(page, runs):
+    page.goto(page.base + "#generate")
+    page.wait_for_function("window.playground.ready === true")
+    page.fill("#prompt", "The ")
+    page.fill("#max_new_tokens", "100000")
+    page.click("#go")
+    page.wait_for_function("document.querySelectorAll('#output .tok').length >= 5")
+    page.click("#stop")
+    page.wait_for_selector("#status[data-state=stopped]")
+    assert wait_until(lambda: generate_threads() == 0, 20)
+    assert page.locator("#output .tok").count() < 100_000
+
+
+def _attention(page, text: str) -> dict:
+    page.goto(page.base + "#attention")
+    page.wait_for_function("window.playground.ready === true")
+    page.fill("#att-text", text)
+    with page.expect_response(lambda r: r.url.endswith("/api/attention")) as answer:
+        page.click("#att-go")
+    data = answer.value.json()
+    page.wait_for_function(f"document.querySelectorAll('#att-maps figure.attmap').length === "
+                           f"{data['n_layer'] * data['n_head']}")
+    return data
+
+
+def test_the_attention_tab_draws_every_layer_and_head(page, runs):
+    from scratchlm.checkpoint import load_model
+    from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
+
+    text = "The king 明月"
+    data = _attention(page, text)
+    model, tokenizer, _ = load_model(runs / "mixed")
+    L, H, T = model.config.n_layer, model.config.n_head, len(tokenizer.encode(text))
+    panels = page.eval_on_selector_all("#att-maps figure.attmap", "fs => fs.map(f => ({layer: +f.dataset.layer, "
+                                       "head: +f.dataset.head, w: f.querySelector('canvas').width}))")
+    assert sorted((p["layer"], p["head"]) for p in panels) == [(l, h) for l in range(L) for h in range(H)]
+    assert all(p["w"] > 0 for p in panels)
+    weights = np.array(data["weights"])  # what the page drew from
+    assert weights.shape == (L, H, T, T)
+    np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
+    trace = forward_trace(np.array(tokenizer.encode(text)),
+                          params_from_state_dict({k: v.double() for k, v in model.state_dict().items()}), model.config)
+    for layer in range(L):
+        np.testing.assert_allclose(weights[layer], trace[f"h{layer}.weights"], atol=1e-5)
+    # a panel's pixels: the diagonal's first cell (weight 1) darker than a masked cell above it
+    dark, blank = page.evaluate("""() => {
+        const c = document.querySelector('#att-maps figure.attmap canvas');
+        const ctx = c.getContext('2d');
+        const px = (x, y) => Array.from(ctx.getImageData(x, y, 1, 1).data).slice(0, 3).reduce((a, b) => a + b);
+        const cell = c.width / %d;
+        return [px(cell / 2, cell / 2), px(c.width - cell / 2, cell / 2)];
+    }""" % T)
+    assert dark < blank
+
+
+def _fonts_holding(ch: str) -> str:
+    return subprocess.run(["fc-list", f":charset={ord(ch):x}", "family"], capture_output=True, text=True).stdout
+
+
+def _has_cjk_font() -> bool:
+    return shutil.which("fc-list") is not None and bool(
+        subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip())
+
+
+@pytest.mark.skipif(not _has_cjk_font(), reason="no font with Chinese glyphs is installed (apt-get install "
+                    "fonts-wqy-microhei; .ci/run does) or no fc-list to ask")
+def test_a_chinese_prompt_renders_without_tofu(page, runs):
+    """The fonts Chromium really used for each label and token (DevTools' getPlatformFontsForNode),
+    and fontconfig's word that one of them holds each Chinese character drawn there."""
+    PICTURES.mkdir(exist_ok=True)
+    _generate(page, POEM[:5], 12, greedy=True)
+    checked = _check_fonts(page, ("#output .prompt", "#output .tok"))
+    page.screenshot(path=str(PICTURES / "playground-generate-zh.png"))
+    _attention(page, POEM[:8])
+    page.click("#att-maps figure.attmap[data-layer='0'][data-head='0']")
+    page.wait_for_selector("#att-focus .att-label")
+    checked += _check_fonts(page, ("#att-tokens .att-label", "#att-focus .att-label"))
+    page.screenshot(path=str(PICTURES / "playground-attention-zh.png"), full_page=True)
+    assert checked >= 5 + 8 * 3  # the prompt's 5, and 8 labels in each of three places
+
+
+def _check_fonts(page, selectors) -> int:
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("DOM.enable")
+    cdp.send("CSS.enable")
+    root = cdp.send("DOM.getDocument", {"depth": -1})["root"]["nodeId"]
+    checked = 0
+    for selector in selectors:
+        nodes = cdp.send("DOM.querySelectorAll", {"nodeId": root, "selector": selector})["nodeIds"]
+        assert nodes, selector
+        for node in nodes:
+            html = cdp.send("DOM.getOuterHTML", {"nodeId": node})["outerHTML"]
+            fonts = cdp.send("CSS.getPlatformFontsForNode", {"nodeId": node})["fonts"]
+            for ch in {c for c in html if 0x2e80 <= ord(c) <= 0x9fff or 0xff00 <= ord(c) <= 0xffef}:
+                holders = _fonts_holding(ch)
+                assert any(f["familyName"] in holders and f["glyphCount"] > 0 for f in fonts), (selector, ch, fonts)
+                checked += html.count(ch)
+    cdp.detach()
+    return checked
+
+
+def test_the_inside_tab_shows_the_parameter_table_and_the_walkthrough(page, runs):
+    from scratchlm.checkpoint import load_model
+
+    page.goto(page.base + "#inside")
+    page.wait_for_selector("#inside-params tr.param")
+    model, _, _ = load_model(runs / "mixed")
+    names = page.eval_on_selector_all("#inside-params tr.param", "rows => rows.map(r => r.cells[0].textContent)")
+    assert names == [n for n, _ in model.named_parameters()]
+    total = page.inner_text("#inside-total")
+    assert total.replace(",", "") == str(sum(p.numel() for p in model.parameters()))
+    assert page.locator("#inside-trace tr.station").count() > 4
+    page.wait_for_selector("#walk-stations button.station")
+    page.click("#walk-stations button.station[data-key='h0.weights']")
+    page.wait_for_selector("#walk-matrix table.matrix")
+    cells = page.eval_on_selector_all("#walk-matrix table.matrix", "ts => ts.map(t => Array.from(t.querySelectorAll("
+                                      "'tr')).map(r => Array.from(r.querySelectorAll('td')).map(c => c.textContent)).filter(r => r.length))")
+    from scratchlm.walkthrough import WALKTHROUGH_IDS, walkthrough
+
+    expected = next(s.torch for s in walkthrough(WALKTHROUGH_IDS).steps if s.key == "h0.weights")  # (H, T, T)
+    assert len(cells) == expected.shape[0]
+    for head, table in enumerate(cells):
+        shown = np.array([[float(c.replace("−", "-")) for c in row] for row in table])
+        np.testing.assert_allclose(shown, expected[head], atol=5e-5)
+
+
+def test_the_training_tab_follows_a_run_while_it_trains(page, runs):
+    """A real `scratchlm train` in the runs folder: the curve grows and the page says it is
+    training; when it ends, the page says so."""
+    from test_bad_input import TINY_MODEL
+
+    data = runs.parent / "text.txt"
+    live = runs / "live"
+    env = {**os.environ, "SCRATCHLM_CACHE": str(runs.parent / "cache")}
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "train", "--data", str(data), "--tokenizer", "char",
+                             "--max_steps", "400", "--batch_size", "2", "--log_interval", "1", "--eval_interval", "40",
+                             "--eval_iters", "1", "--sample_interval", "40", "--sample_tokens", "20",
+                             "--checkpoint_interval", "1000", "--threads", "1", "--progress", "quiet",
+                             "--out_dir", str(live), "--data_cache", str(runs.parent / "data"),
+                             *[a for k, v in TINY_MODEL.items() if k != "lm_head_bias" for a in (f"--{k}", str(v))]],
+                            env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_until(lambda: (live / "metrics.jsonl").is_file(), 60), "the run never started"
+        page.goto(page.base + "#training")
+        page.reload()
+        page.wait_for_function("window.playground.ready === true")
+        page.select_option("#run", "live")
+        page.wait_for_function("+document.querySelector('polyline.train-curve').dataset.points >= 5", timeout=60_000)
+        assert page.get_attribute("#train-status", "data-training") == "true"
+        first = int(page.get_attribute("polyline.train-curve", "data-points"))
+        page.wait_for_function(f"+document.querySelector('polyline.train-curve').dataset.points > {first + 5}",
+                               timeout=60_000)
+        page.wait_for_function("+document.querySelector('polyline.val-curve').dataset.points >= 1", timeout=60_000)
+        assert "tokens/s" in page.inner_text("#train-tps")
+    finally:
+        proc.wait(240)
+    assert proc.returncode == 0, proc.stderr.read()
+    page.wait_for_function("document.querySelector('#train-status').dataset.training === 'false'", timeout=30_000)
+    records = [json.loads(line) for line in (live / "metrics.jsonl").read_text().splitlines()]
+    train_points = len({r["step"] for r in records if r["event"] == "train"})
+    page.wait_for_function(f"+document.querySelector('polyline.train-curve').dataset.points === {train_points}")
+    sample = [r for r in records if r["event"] == "sample"][-1]["text"]
+    assert sample.strip()[:10] in page.inner_text("#train-sample")
