@@ -291,6 +291,34 @@ def test_stream_pieces_join_to_the_generated_text():
         assert "".join(pieces) == generate(model, tok, "hé", max_new_tokens=40, seed=seed).text
 
 
+def test_stream_tokens_gives_every_token_its_scores_and_the_texts_join_to_generate():
+    """Each TokenStep's id is generate's next id (an end-of-text id included, with no text), its
+    logits are the plain forward pass's at that position, and the texts, the final flush
+    included, join to generate's text; with a stop string the last step says why it ended."""
+    from scratchlm.generate import stream_tokens
+
+    tok = ByteTokenizer()
+    model = _model(seed=13, vocab_size=258)
+    for seed in range(3):
+        steps = list(stream_tokens(model, tok, "hé", max_new_tokens=30, seed=seed, temperature=1.5))
+        result = generate(model, tok, "hé", max_new_tokens=30, seed=seed, temperature=1.5)
+        assert steps[-1].id is None and steps[-1].logits is None and all(s.id is not None for s in steps[:-1])
+        chosen = [s.id for s in steps[:-1]]
+        assert chosen[: len(result.ids)] == result.ids
+        assert "".join(s.text for s in steps) == result.text
+        ids = tok.encode("hé")
+        for s in steps[:-1]:
+            with torch.no_grad():
+                plain = model(torch.tensor([ids[-model.config.block_size:]]))[0][0, -1, :258]
+            torch.testing.assert_close(s.logits.float(), plain, rtol=1e-4, atol=1e-4)
+            ids.append(s.id)
+    stops = list(stream_tokens(model, tok, "hé", max_new_tokens=60, seed=0, stop=["e"]))
+    text = "".join(s.text for s in stops)
+    assert "e" not in text and stops[-1].reason in ("stop", "length")
+    ended = [s.reason for s in stops[:-1] if s.reason is not None]
+    assert ended in ([], ["stop"]) and (ended == ["stop"]) == (stops[-1].reason == "stop")
+
+
 def test_incremental_text_never_prints_half_a_character():
     tok = ByteTokenizer()
     text = "héllo wörld 你好 🎉 done"

@@ -203,6 +203,11 @@ def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
     assert not_top > 0  # the comparison covered tokens sampled below the top
 
 
+def test_a_prompt_the_tokenizer_cannot_encode_ends_in_one_error_event(served):
+    events = generate_events(served.port, {"run": "mixed", "prompt": "Ωmega", "max_new_tokens": 5})
+    assert [e for e, _ in events] == ["error"] and "'Ω'" in events[0][1]["message"]
+
+
 def test_eight_streams_at_once_each_get_what_they_get_alone(served):
     bodies = [{"run": "mixed", "prompt": ["The ", "床", "ROMEO:", "月光"][i % 4], "max_new_tokens": 80, "seed": i,
                "temperature": 1.0, "top_k": 30} for i in range(8)]
