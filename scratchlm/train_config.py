@@ -169,6 +169,9 @@ class TrainConfig:
                                            "use --optimizer adamw with --fsdp")
         if not self.lr > 0 or self.min_lr < 0:
             raise ConfigError("lr", "lr must be positive and min_lr >= 0")
+        for name in ("grad_clip", "weight_decay"):
+            if not getattr(self, name) >= 0:  # NaN too; 0 switches it off
+                raise ConfigError(name, f"must be >= 0 (0 switches it off), got {getattr(self, name)!r}")
         if not 0 < self.val_fraction < 1:
             raise ConfigError("val_fraction", f"must be between 0 and 1, got {self.val_fraction}")
         if self.progress not in ("auto", "bar", "lines", "quiet"):

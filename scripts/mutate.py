@@ -44,7 +44,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                                  "tests/test_decode_step.py::test_generation_uses_it_and_keeps_greedy_tokens",
                                  "tests/test_decode_step.py::test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens"]),
     "fused_loss": ("fused_loss.py", ["tests/test_fused_loss.py"]),
-    "train": ("train.py", ["tests/test_train.py", "-m", "not slow"]),
+    "train": ("train.py", ["tests/test_train.py", "tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses",
+                           "-m", "not slow"]),
     # checkpoint's writes under failure (full disk, kills, stale temp folders) are tested in test_crash
     "checkpoint": ("checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
     "data": ("data/preparation.py", ["tests/test_data.py"]),

@@ -713,3 +713,40 @@ def test_cache_folder_is_named_after_the_data_file(tmp_path):
     _write(tmp_path / "my_poems.txt", "a poem\n" * 10)
     folder = cache_dir(DataConfig(data=str(tmp_path / "my_poems.txt"), tokenizer="char"), tmp_path / "cache")
     assert folder.parent == tmp_path / "cache" and folder.name.startswith("my_poems-char-")
+
+
+def test_without_a_block_size_two_tokens_make_a_split_and_one_does_not(tmp_path):
+    """With no block size a split needs an input and its target: 2 tokens (BOS + 1 character)."""
+    cfg = dict(tokenizer="char", val_fraction=0.0)
+    _write(tmp_path / "one.txt", "a")  # BOS + 1 character
+    meta = read_meta(prepare(DataConfig(data=str(tmp_path / "one.txt"), **cfg), tmp_path / "fits", progress=False))
+    assert meta["train_tokens"] == 2
+    with pytest.raises(UserError, match=r"the train split holds 1 tokens, fewer than 2 tokens \(an input and its target\)"):
+        prepare(DataConfig(data=str(tmp_path / "one.txt"), tokenizer="char", val_fraction=0.5), tmp_path / "short",
+                progress=False)  # int(2 * 0.5) = 1 token for training
+
+
+def test_tail_split_document_counts_at_the_cut_and_for_the_last_document(tmp_path):
+    """A document whose BOS lies exactly on the cut belongs to validation; the last document
+    counts for training when its BOS lies before the cut."""
+    for i, d in enumerate(["aaaa", "b", "cc"]):  # with BOS: 5, 2, 3 tokens; starts 0, 5, 7 of 10
+        _write(tmp_path / "cut" / f"{i}.txt", d)
+    meta = read_meta(prepare(DataConfig(data=str(tmp_path / "cut"), tokenizer="char", val_fraction=0.3),
+                             tmp_path / "at-cut", progress=False))
+    assert (meta["train_documents"], meta["val_documents"]) == (2, 1)  # n_train = int(10 * 0.7) = 7: BOS at 7 is val
+    for i, d in enumerate(["aaaa", "bbbbbbb"]):  # 5 and 8 tokens; starts 0, 5 of 13
+        _write(tmp_path / "last" / f"{i}.txt", d)
+    meta = read_meta(prepare(DataConfig(data=str(tmp_path / "last"), tokenizer="char", val_fraction=0.1),
+                             tmp_path / "last-out", progress=False))
+    assert (meta["train_documents"], meta["val_documents"]) == (2, 0)  # n_train = 11: both BOS in train
+
+
+def test_preparing_into_a_folder_with_other_files_and_no_tokenizer_adds_one(tmp_path):
+    _write(tmp_path / "t.txt", "abcdefghij" * 10)
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine", encoding="utf-8")
+    prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1), out, progress=False)
+    tokenizer = load_tokenizer(out / "tokenizer")
+    assert tokenizer.decode(tokenizer.encode("jihgfedcba")) == "jihgfedcba"
+    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and (out / "meta.json").is_file()

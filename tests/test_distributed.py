@@ -54,10 +54,14 @@ def _final_val(run_dir: Path) -> float:
     return final["val_loss"]
 
 
-def test_two_gloo_processes_match_one_process_with_twice_the_batch(tmp_path, text):
+def test_two_gloo_processes_accumulating_match_one_process_with_twice_the_batch(tmp_path, text):
     common = ["--data", str(text), "--data_cache", str(tmp_path / "data"), "--max_steps", "5", *TINY]
-    two = _run([*common, "--batch_size", "4", "--out_dir", str(tmp_path / "ddp")], tmp_path, nproc=2)
-    _run([*common, "--batch_size", "8", "--out_dir", str(tmp_path / "one")], tmp_path, nproc=1)
+    # each process accumulates two micro-batches of 2: DDP's all-reduce must come on the last one
+    # only, and each micro-batch's loss count half (train.py's no_sync and loss / grad_accum)
+    two = _run([*common, "--batch_size", "2", "--grad_accum", "2", "--out_dir", str(tmp_path / "ddp")], tmp_path,
+               nproc=2)
+    # one process draws the same global batches of 4 rows, two per step
+    _run([*common, "--batch_size", "4", "--grad_accum", "2", "--out_dir", str(tmp_path / "one")], tmp_path, nproc=1)
     assert "x2" in two.stdout  # it really ran as two processes
     assert two.stdout.count("continue a prompt with") == 1  # only rank 0 speaks
     ddp, single = _losses(tmp_path / "ddp"), _losses(tmp_path / "one")

@@ -397,3 +397,117 @@ def test_a_reader_that_goes_away_does_not_stop_training(tmp_path):
     _, err = proc.communicate(timeout=240)
     assert first.startswith(b"run ") and proc.returncode == 0, err.decode()
     assert (tmp_path / "run" / "latest").read_text().strip() == "ckpt-00000012"
+
+
+# ------------------------------------------------------------------------------ one step by hand
+# _train_step against autograd on a copy of the model: the update plain SGD makes from the mean
+# of the micro-batches' losses, clipped as clip_grad_norm_'s rule says (computed here, not by torch).
+
+
+class _Batches:
+    def __init__(self, batches):
+        self.batches = list(batches)
+
+    def next_batch(self):
+        return self.batches.pop(0)
+
+
+def _one_step(grad_accum: int, grad_clip: float, scaler=None, poison=False):
+    """(model before, model after, batches, what _train_step returned) for one SGD step, lr 0.5."""
+    import copy
+
+    from scratchlm.config import GPTConfig
+    from scratchlm.distributed import Dist
+    from scratchlm.train import _train_step
+
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.0))
+    before = copy.deepcopy(model)
+    batches = [(torch.randint(0, 11, (3, 8)), torch.randint(0, 11, (3, 8))) for _ in range(grad_accum)]
+    if poison:  # a finite loss whose gradient is not: the update must be skipped
+        model.lm_head.weight.register_hook(lambda g: torch.full_like(g, float("inf")))
+    cfg = TrainConfig(grad_accum=grad_accum, grad_clip=grad_clip)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
+    out = _train_step(model, model, optimizer, scaler, _Batches(batches), cfg, Dist(), torch.device("cpu"))
+    return before, model, batches, out
+
+
+def _expected_grads(model, batches):
+    losses = [model(x, y)[1] for x, y in batches]
+    mean = torch.stack(losses).mean()
+    mean.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    norm = math.sqrt(sum(float((g.double() ** 2).sum()) for g in grads.values()))
+    return float(mean.detach()), grads, norm
+
+
+@pytest.mark.parametrize("grad_accum, grad_clip", [(1, 0.0), (3, 0.0), (3, 1e-2), (2, 1e9)])
+def test_one_step_is_sgd_on_the_mean_of_the_micro_batches_clipped_by_hand(grad_accum, grad_clip):
+    before, after, batches, (loss, norm, applied) = _one_step(grad_accum, grad_clip)
+    mean, grads, true_norm = _expected_grads(before, batches)
+    assert applied and loss == pytest.approx(mean, rel=1e-6)
+    # the norm is reported before clipping, and only when clipping is on (0 otherwise)
+    assert norm == (pytest.approx(true_norm, rel=1e-5) if grad_clip > 0 else 0.0)
+    scale = min(1.0, grad_clip / (true_norm + 1e-6)) if grad_clip > 0 else 1.0
+    for (name, p0), p1 in zip(before.named_parameters(), after.parameters()):
+        torch.testing.assert_close(p1.detach(), p0.detach() - 0.5 * scale * grads[name], rtol=1e-5, atol=1e-6,
+                                   msg=name)
+    if grad_clip == 1e-2:
+        assert scale < 0.1  # the clip really bit
+
+
+def test_a_step_with_a_non_finite_gradient_is_skipped():
+    before, after, _, (loss, norm, applied) = _one_step(1, 1.0, poison=True)
+    assert math.isfinite(loss) and not math.isfinite(norm) and not applied
+    for p0, p1 in zip(before.parameters(), after.parameters()):
+        assert torch.equal(p0, p1)
+
+
+def test_a_gradient_scaler_unscales_before_clipping_and_backs_off_after_an_overflow():
+    """The fp16 path's scaler, on the CPU: the norm clipped and reported is the true gradient's,
+    the update equals the unscaled one, and after an infinite gradient the scale halves."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    before, after, batches, (loss, norm, applied) = _one_step(2, 1e9, scaler=scaler)
+    mean, grads, true_norm = _expected_grads(before, batches)
+    assert applied and norm == pytest.approx(true_norm, rel=1e-5)
+    for (name, p0), p1 in zip(before.named_parameters(), after.parameters()):
+        torch.testing.assert_close(p1.detach(), p0.detach() - 0.5 * grads[name], rtol=1e-5, atol=1e-6, msg=name)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    before, after, _, (_, _, applied) = _one_step(1, 1.0, scaler=scaler, poison=True)
+    assert scaler.get_scale() == 2.0**9  # update() ran and saw the overflow
+    for p0, p1 in zip(before.parameters(), after.parameters()):
+        assert torch.equal(p0, p1)
+
+
+def test_learning_rate_shapes_away_from_the_midpoint():
+    """Cosine and linear meet at the midpoint; a fifth of the way they differ (hand values)."""
+    cosine = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=10)
+    linear = TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=0, max_steps=10, lr_schedule="linear")
+    assert learning_rate(2, cosine) == pytest.approx(0.1 + 0.5 * (1 + math.cos(0.2 * math.pi)) * 0.9)  # 0.9141
+    assert learning_rate(2, linear) == pytest.approx(1.0 - 0.2 * 0.9)  # 0.82
+    # warmup as long as the run: the step after it is already the end, at min_lr
+    assert learning_rate(4, TrainConfig(lr=1.0, min_lr=0.1, warmup_steps=4, max_steps=4)) == pytest.approx(0.1)
+
+
+def test_train_validates_a_config_changed_after_creation_and_sets_its_threads(tmp_path):
+    from scratchlm.errors import ConfigError
+
+    data = tmp_path / "t.txt"
+    data.write_text("the king speaks. " * 200, encoding="utf-8")
+    cfg = tiny_config(tmp_path, data, max_steps=2, eval_interval=0)
+    cfg.warmup_steps = -5  # nothing but validate() objects to this one: the run would simply start
+    with pytest.raises(ConfigError, match="warmup_steps"):
+        train(cfg)
+    for name in ("grad_clip", "weight_decay"):  # a negative clip would silently train unclipped
+        with pytest.raises(ConfigError, match=f"{name}: must be >= 0"):
+            tiny_config(tmp_path, data, **{name: -1.0}).validate()
+    threads = torch.get_num_threads()
+    seen = []
+    torch.set_num_threads(2)
+    try:
+        train(tiny_config(tmp_path, data, max_steps=2, eval_interval=0, threads=1, out_dir=str(tmp_path / "t1")),
+              on_step=lambda step, record: seen.append(torch.get_num_threads()))
+    finally:
+        torch.set_num_threads(threads)
+    assert seen == [1, 1]
