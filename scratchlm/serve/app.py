@@ -15,12 +15,14 @@ and generated OpenAPI pages would add a dependency (pydantic) and nothing the pa
     GET  /api/training?run=R&since=OFFSET   the run's metrics records written since OFFSET
 
 Every request's work is bounded (see Limits): the body, the prompt, the tokens asked for, the
-attention text, and the number of streams at once.
+attention text, and the number of streams at once. All torch work runs on one thread
+(streams.ModelThread: why, there); the event loop and a small pool only read files and send.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import secrets
 from dataclasses import dataclass
@@ -36,7 +38,7 @@ from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
 from scratchlm.serve.library import RunLibrary, UnknownRun, describe
-from scratchlm.serve.streams import GenerateRequest, GenerationStream, shown
+from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread, shown
 
 STATIC = Path(__file__).parent / "static"
 HAND_TOKENS = ("床", "前", "明", "月", "山")  # names for the hand preset's 5 ids, as in the docs
@@ -147,6 +149,10 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
 
 def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
     state: dict[str, Any] = {"streams": 0, "walkthrough": None}
+    model_thread = ModelThread()
+
+    async def on_model_thread(fn, *args):
+        return await asyncio.wrap_future(model_thread.call(fn, *args))
 
     async def index(request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
@@ -156,7 +162,7 @@ def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
         return JSONResponse({"runs": listed, "default": listed[0]["name"] if listed else None})
 
     async def model_info(request: Request) -> Response:
-        loaded = await run_in_threadpool(library.load, request.query_params.get("run"))
+        loaded = await on_model_thread(library.load, request.query_params.get("run"))
         cfg = loaded.model.config
         return JSONResponse({
             "run": loaded.name, "checkpoint": loaded.info["checkpoint"].name, "step": loaded.info["step"],
@@ -169,11 +175,12 @@ def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
     async def generate(request: Request) -> Response:
         data = await _json_body(request, limits)
         req = generate_request(data, limits)
-        loaded = await run_in_threadpool(library.load, data.get("run"))
+        loaded = await on_model_thread(library.load, data.get("run"))
         if state["streams"] >= limits.streams:
             raise BadRequest(f"{limits.streams} generations are running; try again when one ends", 503)
         state["streams"] += 1
-        stream = GenerationStream(loaded, req, asyncio.get_running_loop()).start()
+        stream = GenerationStream(loaded, req, asyncio.get_running_loop())
+        model_thread.add(stream)
 
         async def body():
             try:
@@ -188,16 +195,16 @@ def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
     async def attention(request: Request) -> Response:
         data = await _json_body(request, limits)
         text = _text(data, "text", limits)
-        loaded = await run_in_threadpool(library.load, data.get("run"))
-        return JSONResponse(await run_in_threadpool(attention_data, loaded, text, limits))
+        loaded = await on_model_thread(library.load, data.get("run"))
+        return JSONResponse(await on_model_thread(attention_data, loaded, text, limits))
 
     async def inside(request: Request) -> Response:
-        loaded = await run_in_threadpool(library.load, request.query_params.get("run"))
-        return JSONResponse(await run_in_threadpool(inside_data, loaded))
+        loaded = await on_model_thread(library.load, request.query_params.get("run"))
+        return JSONResponse(await on_model_thread(inside_data, loaded))
 
     async def walkthrough(request: Request) -> Response:
         if state["walkthrough"] is None:
-            state["walkthrough"] = await run_in_threadpool(walkthrough_data)
+            state["walkthrough"] = await on_model_thread(walkthrough_data)
         return JSONResponse(state["walkthrough"])
 
     async def training(request: Request) -> Response:
@@ -220,7 +227,14 @@ def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
         Route("/api/training", _guarded(training)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
-    return Starlette(routes=routes)
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        model_thread.close()
+
+    app = Starlette(routes=routes, lifespan=lifespan)
+    app.state.model_thread = model_thread
+    return app
 
 
 def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
@@ -234,8 +248,7 @@ def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
     if len(ids) > most:
         raise BadRequest(f"text: {len(ids)} tokens; the attention view takes at most {most} "
                          f"(the model's context is {cfg.block_size})")
-    with loaded.lock:
-        weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
+    weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
     return {
         "ids": ids, "labels": [shown(label) for label in token_labels(loaded.tokenizer, ids)],
         "n_layer": cfg.n_layer, "n_head": cfg.n_head,
@@ -247,8 +260,7 @@ def inside_data(loaded) -> dict[str, Any]:
     from scratchlm.introspect import format_report, inspect_report
 
     model = loaded.model
-    with loaded.lock:
-        report = inspect_report(model, batch_size=2, seq_len=min(16, model.config.block_size))
+    report = inspect_report(model, batch_size=2, seq_len=min(16, model.config.block_size))
     return {
         "config": report["config"], "total": report["parameters"]["total"],
         "params": [{"name": n, "shape": list(p.shape), "count": p.numel()} for n, p in model.named_parameters()],

@@ -34,14 +34,18 @@ class RunEntry:
 
 @dataclass
 class Loaded:
-    """A model ready to serve. `lock` is held for every forward pass: requests take turns a step
-    at a time, so streams interleave and none sees another's state."""
+    """A model ready to serve (used on the server's model thread only: streams.ModelThread)."""
 
     name: str
     model: Any
     tokenizer: Any
     info: dict[str, Any]
-    lock: threading.Lock
+    labels: Any = None  # streams.Labels: each token's label, computed once
+
+    def __post_init__(self):
+        from scratchlm.serve.streams import Labels
+
+        self.labels = Labels(self.tokenizer)
 
 
 def _is_run(path: Path) -> bool:
@@ -113,7 +117,7 @@ class RunLibrary:
             model, tokenizer, info = load_model(ckpt, device=self.device)
             if tokenizer is None:
                 raise UserError(f"run {entry.name}: no tokenizer saved with its checkpoint")
-            loaded = Loaded(entry.name, model, tokenizer, info, threading.Lock())
+            loaded = Loaded(entry.name, model, tokenizer, info)
             self._loaded[entry.name] = loaded
             self._loaded.move_to_end(entry.name)
             while len(self._loaded) > MODELS_KEPT:

@@ -1,11 +1,15 @@
-"""Generation as a stream of events for the playground.
+"""Generation as a stream of events for the playground, and the one thread that runs the model.
 
-A worker thread runs the model a step at a time (holding the model's lock for each forward
-pass, so concurrent streams take turns) and hands each step's event to the web server's event
-loop, which sends whatever has piled up as Server-Sent Events. Sending never waits for the
-model, and the model never waits for the network: a slow reader only lets events queue, and
-MAX_QUEUED bounds that. A reader that goes away sets `cancel`; the worker sees it before its next
-step and ends, so a closed tab stops its generation.
+All of the server's torch work (loading a model, every generation step, attention, inspect) runs
+on one thread, the ModelThread. On a CPU, torch and scratchlm's kernels compute each step with a
+team of threads (OpenMP), and several threads each leading their own team make every team wait
+for cores the others hold: measured here, a stream stepped from a second thread beside another
+ran at half the speed `scratchlm generate` reaches, and at full speed from one thread alone. So
+requests do not each get a thread: the model thread takes turns, one step of each running
+stream per round, and answers other work between rounds. The web server's event loop only
+sends what the steps made, so sending never waits for the model and the model never waits for
+the network: a slow reader lets its events queue (MAX_QUEUED, then its stream pauses), and a
+reader that goes away cancels its stream, which the model thread drops before its next step.
 
 Events (each `event: NAME` and `data: JSON`):
   start  {"prompt_ids", "cropped", "seed"}
@@ -19,21 +23,24 @@ Events (each `event: NAME` and `data: JSON`):
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
+import queue
 import threading
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
 from scratchlm.serve.library import Loaded
 
 TOP_ALTERNATIVES = 5
 MAX_QUEUED = 4096
-"""Events a stream may hold for a reader that is slower than the model; past this the worker
-waits (it never drops an event)."""
+"""Events a stream may hold for a reader that is slower than the model; past this the stream
+waits for the reader (no event is ever dropped)."""
 
 
 @dataclass
@@ -63,14 +70,29 @@ def id_label(tokenizer: Any, token: int) -> str:
     return shown(visible(text)) or f"[#{token}]"
 
 
-def token_event(tokenizer: Any, index: int, token: int, text: str, logits: torch.Tensor) -> dict[str, Any]:
-    probs = torch.softmax(logits.double(), dim=-1)  # (V,) the model's own distribution
-    p_top, i_top = probs.topk(min(TOP_ALTERNATIVES, probs.numel()))
+class Labels(dict):
+    """id -> id_label, each computed once per model (a stream asks for six labels a token)."""
+
+    def __init__(self, tokenizer: Any):
+        super().__init__()
+        self.tokenizer = tokenizer
+
+    def __missing__(self, token: int) -> str:
+        self[token] = label = id_label(self.tokenizer, token)
+        return label
+
+
+def token_event(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> dict[str, Any]:
+    # NumPy in float64: at a small vocabulary a handful of torch calls would cost more than the step
+    z = logits.detach().cpu().double().numpy()  # (V,)
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()  # the model's own distribution, softmax of the raw scores
+    k = min(TOP_ALTERNATIVES, probs.size)
+    top = np.argpartition(-probs, k - 1)[:k]
+    top = top[np.argsort(-probs[top], kind="stable")]
     return {
-        "index": index, "id": token, "label": id_label(tokenizer, token), "text": text,
-        "p": float(probs[token]),
-        "top": [{"id": int(i), "label": id_label(tokenizer, int(i)), "p": float(p)}
-                for p, i in zip(p_top.tolist(), i_top.tolist())],
+        "index": index, "id": token, "label": labels[token], "text": text, "p": float(probs[token]),
+        "top": [{"id": int(i), "label": labels[int(i)], "p": float(probs[i])} for i in top],
     }
 
 
@@ -79,7 +101,8 @@ def sse(event: str, data: dict[str, Any]) -> str:
 
 
 class GenerationStream:
-    """One request's generation: `run` in a worker thread, `events` on the event loop."""
+    """One request's generation: stepped by the ModelThread (`advance`), read on the event loop
+    (`events`)."""
 
     def __init__(self, loaded: Loaded, request: GenerateRequest, loop: asyncio.AbstractEventLoop):
         self.loaded = loaded
@@ -87,77 +110,75 @@ class GenerationStream:
         self.loop = loop
         self.queue: asyncio.Queue[str | None] = asyncio.Queue()
         self.cancel = threading.Event()
-        self.room = threading.Semaphore(MAX_QUEUED)
-        self.thread = threading.Thread(target=self._run, name="scratchlm-generate", daemon=True)
-
-    def start(self) -> "GenerationStream":
-        self.thread.start()
-        return self
+        self.queued = 0  # events made and not yet sent; the model thread skips this stream past MAX_QUEUED
+        self.steps = None
+        self.text: list[str] = []
+        self.index, self.reason, self.began = 0, "length", 0.0
 
     def _put(self, text: str | None) -> None:
-        while not self.room.acquire(timeout=0.5):
-            if self.cancel.is_set():
-                return
+        self.queued += text is not None
         self.loop.call_soon_threadsafe(self.queue.put_nowait, text)
 
-    def _run(self) -> None:
+    def advance(self) -> bool:
+        """One step of work, on the model thread: the first call starts (or, with beams, runs)
+        the generation, each later one makes one token. False once the stream has ended."""
         try:
-            if self.request.beams > 1:
-                self._beams()
-            else:
-                self._tokens()
+            if self.cancel.is_set():
+                self._finish("stopped")
+                return False
+            if self.queued >= MAX_QUEUED:
+                return True  # the reader is behind: let it catch up before stepping again
+            if self.steps is None:
+                return self._begin()
+            step = next(self.steps, None)
+            if step is None:
+                self._finish(self.reason)
+                return False
+            self.text.append(step.text)
+            self.reason = step.reason or self.reason
+            if step.id is not None:
+                self._put(sse("token", token_event(self.loaded.labels, self.index, step.id, step.text, step.logits)))
+                self.index += 1
+            return True
         except Exception as exc:  # noqa: BLE001 - reported to the page as one line, not a dead stream
+            self._close_steps()
             self._put(sse("error", {"message": str(exc) or type(exc).__name__}))
-        finally:
             self._put(None)
+            return False
 
-    def _tokens(self) -> None:
-        from scratchlm.generate import _encode_prompt, stream_tokens
+    def _begin(self) -> bool:
+        from scratchlm.generate import _encode_prompt, generate, stream_tokens
 
-        r, lock = self.request, self.loaded.lock
-        model, tokenizer = self.loaded.model, self.loaded.tokenizer
-        with lock:
-            ids, _, cropped = _encode_prompt(model, tokenizer, r.prompt)
-            steps = stream_tokens(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, seed=r.seed,
-                                  **r.sampling)
+        r, model, tokenizer = self.request, self.loaded.model, self.loaded.tokenizer
+        self.began = time.perf_counter()
+        if r.beams > 1:
+            result = generate(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, beams=r.beams,
+                              length_penalty=r.length_penalty)
+            self._put(sse("done", {"reason": result.finish_reasons[0], "tokens": len(result.ids),
+                                   "seconds": time.perf_counter() - self.began, "text": result.text,
+                                   "logprob": result.logprobs[0]}))
+            self._put(None)
+            return False
+        ids, _, cropped = _encode_prompt(model, tokenizer, r.prompt)
+        self.steps = stream_tokens(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, seed=r.seed,
+                                   **r.sampling)
         self._put(sse("start", {"prompt_ids": len(ids), "cropped": cropped, "seed": r.seed}))
-        text, index, reason, began = [], 0, "length", time.perf_counter()
-        try:
-            while not self.cancel.is_set():
-                with lock:
-                    step = next(steps, None)
-                    if step is not None and step.logits is not None:
-                        event = token_event(tokenizer, index, step.id, step.text, step.logits)
-                if step is None:
-                    break
-                text.append(step.text)
-                reason = step.reason or reason
-                if step.id is not None:
-                    self._put(sse("token", event))
-                    index += 1
-            else:
-                reason = "stopped"
-        finally:
-            with lock:
-                steps.close()  # puts the model back in its mode, under the lock like every step
-        self._put(sse("done", {"reason": reason, "tokens": index, "seconds": time.perf_counter() - began,
-                               "text": "".join(text), "logprob": None}))
+        return True
 
-    def _beams(self) -> None:
-        from scratchlm.generate import generate
+    def _close_steps(self) -> None:
+        if self.steps is not None:
+            self.steps.close()  # puts the model back in its former mode
+            self.steps = None
 
-        r = self.request
-        began = time.perf_counter()
-        with self.loaded.lock:
-            result = generate(self.loaded.model, self.loaded.tokenizer, r.prompt, max_new_tokens=r.max_new_tokens,
-                              beams=r.beams, length_penalty=r.length_penalty)
-        self._put(sse("done", {"reason": result.finish_reasons[0], "tokens": len(result.ids),
-                               "seconds": time.perf_counter() - began, "text": result.text,
-                               "logprob": result.logprobs[0]}))
+    def _finish(self, reason: str) -> None:
+        self._close_steps()
+        self._put(sse("done", {"reason": reason, "tokens": self.index, "seconds": time.perf_counter() - self.began,
+                               "text": "".join(self.text), "logprob": None}))
+        self._put(None)
 
     async def events(self) -> AsyncIterator[str]:
         """The SSE text, a batch of whatever events are ready per send. Ends with the stream, or
-        when the reader goes away (then the worker is told to stop)."""
+        when the reader goes away (then the stream is cancelled)."""
         try:
             while True:
                 first = await self.queue.get()
@@ -166,11 +187,62 @@ class GenerationStream:
                     batch.append(self.queue.get_nowait())
                 done = None in batch
                 chunk = "".join(b for b in batch if b is not None)
-                for _ in range(len(batch) - done):
-                    self.room.release()
+                self.queued -= len(batch) - done  # read on the model thread only as a bound
                 if chunk:
                     yield chunk
                 if done:
                     return
         finally:
             self.cancel.set()
+
+
+class ModelThread:
+    """The one thread that runs torch for the server (see the module's docstring). `call` runs a
+    function there and gives a future of its result; `add` hands it a stream to step."""
+
+    def __init__(self):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.active: list[GenerationStream] = []
+        self.thread = threading.Thread(target=self._run, name="scratchlm-model", daemon=True)
+        self.thread.start()
+
+    def call(self, fn, *args) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self.jobs.put((fn, args, future))
+        return future
+
+    def add(self, stream: GenerationStream) -> None:
+        self.jobs.put((None, (stream,), None))
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.thread.join(10)
+
+    def _run(self) -> None:
+        idle = False  # the last round stepped no stream (every reader behind): wait a little
+        while True:
+            try:
+                job = self.jobs.get(block=not self.active or idle, timeout=0.005 if self.active else None)
+            except queue.Empty:
+                job = False  # nothing waiting: a round of steps
+            if job is None:
+                for stream in self.active:
+                    stream.cancel.set()
+                    stream.advance()
+                return
+            if job:  # every waiting job before the next round
+                self._take(job)
+                continue
+            before = [(stream.index, stream.queued) for stream in self.active]
+            self.active = [stream for stream in self.active if stream.advance()]
+            idle = bool(self.active) and before == [(stream.index, stream.queued) for stream in self.active]
+
+    def _take(self, job) -> None:
+        fn, args, future = job
+        if fn is None:
+            self.active.append(args[0])
+        elif future.set_running_or_notify_cancel():
+            try:
+                future.set_result(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting request
+                future.set_exception(exc)

@@ -172,6 +172,11 @@ function finishGeneration(done) {
   playground.done = done;
   const received = playground.tokens.length;
   if (!received && done.text) $("#output").append(el("span", { class: "beam-text" }, done.text));
+  // text held back to the very end (the start of a stop string that never came) is done's only
+  const streamed = playground.tokens.map((t) => t.text).join("");
+  if (received && done.text.length > streamed.length && done.text.startsWith(streamed)) {
+    $("#output").append(el("span", { class: "tail" }, done.text.slice(streamed.length)));
+  }
   const n = received || done.tokens;
   const browserSeconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
   // one token (or beams) gives a first-to-last interval near zero: then the server's time is fairer
