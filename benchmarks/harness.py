@@ -248,7 +248,8 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
     elif name == "serve":
         if "skipped" in r:
             rows.append(("playground", f"skipped: {r['skipped']}", "", "", ""))
-        for who, label in (("generate", "`scratchlm generate`'s loop"), ("browser", "tokens seen by the browser (Chromium)")):
+        for who, label in (("generate", "`scratchlm generate`'s loop"), ("browser", "tokens seen by the browser (Chromium)"),
+                           ("http", "the same stream read by a plain HTTP client")):
             if who in r:
                 rows.append((f"playground, greedy {r['new_tokens']} tokens, {r['model']}", label,
                              _num(r[who]["best_tok_s"], 0), _num(r[who]["median_tok_s"], 0), "tok/s"))

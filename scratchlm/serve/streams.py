@@ -38,6 +38,9 @@ import torch
 from scratchlm.serve.library import Loaded
 
 TOP_ALTERNATIVES = 5
+SEND_EVERY = 0.05
+"""Seconds a batch of events gathers before it is sent: 20 sends a second at most, each one arrival
+for the page to handle (a write per token cost the browser more than the model spent on it)."""
 MAX_QUEUED = 4096
 """Events a stream may hold for a reader that is slower than the model; past this the stream
 waits for the reader (no event is ever dropped)."""
@@ -108,16 +111,22 @@ class GenerationStream:
         self.loaded = loaded
         self.request = request
         self.loop = loop
-        self.queue: asyncio.Queue[str | None] = asyncio.Queue()
+        self.made: list[str | None] = []  # events made and not yet sent; None ends the stream
+        self.made_lock = threading.Lock()
+        self.ready = asyncio.Event()  # set (on the loop) when `made` stops being empty
         self.cancel = threading.Event()
-        self.queued = 0  # events made and not yet sent; the model thread skips this stream past MAX_QUEUED
+        self.queued = 0  # len(made): the model thread skips this stream past MAX_QUEUED
         self.steps = None
         self.text: list[str] = []
         self.index, self.reason, self.began = 0, "length", 0.0
 
     def _put(self, text: str | None) -> None:
-        self.queued += text is not None
-        self.loop.call_soon_threadsafe(self.queue.put_nowait, text)
+        with self.made_lock:
+            wake = not self.made  # one wake-up of the event loop per batch, not per event
+            self.made.append(text)
+            self.queued = len(self.made)
+        if wake:
+            self.loop.call_soon_threadsafe(self.ready.set)
 
     def advance(self) -> bool:
         """One step of work, on the model thread: the first call starts (or, with beams, runs)
@@ -177,20 +186,25 @@ class GenerationStream:
         self._put(None)
 
     async def events(self) -> AsyncIterator[str]:
-        """The SSE text, a batch of whatever events are ready per send. Ends with the stream, or
-        when the reader goes away (then the stream is cancelled)."""
+        """The SSE text, in batches: after the first event of a batch, whatever else the model
+        makes in the next SEND_EVERY seconds goes out with it (fewer, larger writes: the reader
+        handles each arrival once). Ends with the stream, or when the reader goes away (then the
+        stream is cancelled)."""
         try:
             while True:
-                first = await self.queue.get()
-                batch = [first]
-                while first is not None and not self.queue.empty():
-                    batch.append(self.queue.get_nowait())
-                done = None in batch
+                await self.ready.wait()
+                with self.made_lock:
+                    finished = None in self.made
+                if not finished:
+                    await asyncio.sleep(SEND_EVERY)
+                with self.made_lock:
+                    batch, self.made = self.made, []
+                    self.queued = 0
+                    self.ready.clear()
                 chunk = "".join(b for b in batch if b is not None)
-                self.queued -= len(batch) - done  # read on the model thread only as a bound
                 if chunk:
                     yield chunk
-                if done:
+                if None in batch:
                     return
         finally:
             self.cancel.set()

@@ -3,7 +3,8 @@
 // model found it; pointing at a token shows the alternatives the model weighed.
 "use strict";
 
-const gen = { controller: null, firstTokenAt: null, startedAt: 0 };
+const gen = { controller: null, firstTokenAt: null, startedAt: 0, pending: document.createDocumentFragment(),
+  flushTimer: null };
 
 // Read a number input: "" gives null (the setting is off), otherwise an int or a float.
 function numberField(id, integer) {
@@ -162,13 +163,26 @@ function addToken(token) {
   span.addEventListener("mouseenter", () => showAlts(span, false));
   span.addEventListener("mouseleave", () => { if (!$("#alts").dataset.pinned) hideAlts(); });
   span.addEventListener("click", (event) => { event.stopPropagation(); showAlts(span, true); });
-  $("#output").append(span);
+  gen.pending.append(span);
+  if (gen.flushTimer === null) gen.flushTimer = setTimeout(flushTokens, FLUSH_MS);
+}
+
+// Tokens reach the page in batches, FLUSH_MS apart: a re-layout and repaint per token would
+// cost the browser more than the model spends making it (and on a small machine the browser
+// and the model share the same cores).
+const FLUSH_MS = 100;
+
+function flushTokens() {
+  if (gen.flushTimer !== null) clearTimeout(gen.flushTimer);
+  gen.flushTimer = null;
+  if (gen.pending.childNodes.length) $("#output").append(gen.pending);  // empties the fragment
   const n = playground.tokens.length;
-  if (n % 5 === 1) setStatus("running", `generating… ${n} tokens`);
+  if (n && $("#status").dataset.state === "running") setStatus("running", `generating… ${n} tokens`);
 }
 
 // The done event: the summary line, the browser's own timing, and (beam search) the text.
 function finishGeneration(done) {
+  flushTokens();
   playground.done = done;
   const received = playground.tokens.length;
   if (!received && done.text) $("#output").append(el("span", { class: "beam-text" }, done.text));
@@ -193,6 +207,7 @@ function finishGeneration(done) {
 }
 
 function stoppedGeneration() {
+  flushTokens();
   const n = playground.tokens.length;
   const seconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
   $("#status").dataset.tokens = n;
@@ -201,6 +216,7 @@ function stoppedGeneration() {
 }
 
 function failGeneration(message) {
+  flushTokens();
   setStatus("error", "failed");
   showError("gen-error", message);
 }
