@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_serve import POEM, Served, active_streams, cli_generate, train_serve_run, wait_until
+from test_serve import POEM, Served, active_streams, cli_generate, runs, wait_until  # noqa: F401 (runs: a fixture)
 
 CHROMIUM = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -37,14 +37,6 @@ pytestmark = pytest.mark.skipif(
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 PICTURES = Path(__file__).resolve().parents[1] / ".test-pictures"
-
-
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> Path:
-    base = tmp_path_factory.mktemp("serve-browser")
-    folder = base / "runs"
-    train_serve_run(base, folder / "mixed")
-    return folder
 
 
 @pytest.fixture(scope="module")
