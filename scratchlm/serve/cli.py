@@ -94,7 +94,8 @@ def _serve(args, sock: socket.socket) -> int:
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",
               file=sys.stderr, flush=True)
     shown = f"[{host}]" if ":" in host else host
-    print(f"scratchlm playground: http://{shown}:{port}/  ({len(library.entries())} runs; Ctrl-C stops it)", flush=True)
+    n = len(library.entries())
+    print(f"scratchlm playground: http://{shown}:{port}/  ({n} run{'' if n == 1 else 's'}; Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
