@@ -38,7 +38,8 @@ from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
 from scratchlm.serve.library import RunLibrary, UnknownRun, describe
-from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread, shown
+from scratchlm.serve.labels import shown
+from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
 
 STATIC = Path(__file__).parent / "static"
 HAND_TOKENS = ("床", "前", "明", "月", "山")  # names for the hand preset's 5 ids, as in the docs
@@ -147,93 +148,104 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     )
 
 
-def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
-    state: dict[str, Any] = {"streams": 0, "walkthrough": None}
-    model_thread = ModelThread()
+class Playground:
+    """The routes' state: the runs, the limits, the model thread, the streams running."""
 
-    async def on_model_thread(fn, *args):
-        return await asyncio.wrap_future(model_thread.call(fn, *args))
+    def __init__(self, library: RunLibrary, limits: Limits):
+        self.library, self.limits = library, limits
+        self.model_thread = ModelThread()
+        self.streams = 0
+        self.walk: dict[str, Any] | None = None  # the hand model's walkthrough, made once
 
-    async def index(request: Request) -> Response:
+    async def on_model_thread(self, fn, *args):
+        return await asyncio.wrap_future(self.model_thread.call(fn, *args))
+
+    async def load(self, name: Any):
+        return await self.on_model_thread(self.library.load, name)
+
+    async def index(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
 
-    async def runs(request: Request) -> Response:
-        listed = await run_in_threadpool(lambda: [describe(e) for e in library.entries()])
+    async def runs(self, request: Request) -> Response:
+        listed = await run_in_threadpool(lambda: [describe(e) for e in self.library.entries()])
         return JSONResponse({"runs": listed, "default": listed[0]["name"] if listed else None})
 
-    async def model_info(request: Request) -> Response:
-        loaded = await on_model_thread(library.load, request.query_params.get("run"))
-        cfg = loaded.model.config
+    async def model_info(self, request: Request) -> Response:
+        loaded = await self.load(request.query_params.get("run"))
+        limits = self.limits
         return JSONResponse({
             "run": loaded.name, "checkpoint": loaded.info["checkpoint"].name, "step": loaded.info["step"],
-            "config": cfg.to_dict(), "tokenizer": getattr(loaded.tokenizer, "kind", None),
+            "config": loaded.model.config.to_dict(), "tokenizer": getattr(loaded.tokenizer, "kind", None),
             "params": sum(p.numel() for p in loaded.model.parameters()),
             "limits": {"max_new_tokens": limits.max_new_tokens, "prompt_chars": limits.prompt_chars,
                        "attention_tokens": limits.attention_tokens},
         })
 
-    async def generate(request: Request) -> Response:
-        data = await _json_body(request, limits)
-        req = generate_request(data, limits)
-        loaded = await on_model_thread(library.load, data.get("run"))
-        if state["streams"] >= limits.streams:
-            raise BadRequest(f"{limits.streams} generations are running; try again when one ends", 503)
-        state["streams"] += 1
+    async def generate(self, request: Request) -> Response:
+        data = await _json_body(request, self.limits)
+        req = generate_request(data, self.limits)
+        loaded = await self.load(data.get("run"))
+        if self.streams >= self.limits.streams:
+            raise BadRequest(f"{self.limits.streams} generations are running; try again when one ends", 503)
+        self.streams += 1
         stream = GenerationStream(loaded, req, asyncio.get_running_loop())
-        model_thread.add(stream)
+        self.model_thread.add(stream)
 
         async def body():
             try:
                 async for chunk in stream.events():
                     yield chunk
             finally:
-                state["streams"] -= 1
+                self.streams -= 1
 
         return StreamingResponse(body(), media_type="text/event-stream",
                                  headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
-    async def attention(request: Request) -> Response:
-        data = await _json_body(request, limits)
-        text = _text(data, "text", limits)
-        loaded = await on_model_thread(library.load, data.get("run"))
-        return JSONResponse(await on_model_thread(attention_data, loaded, text, limits))
+    async def attention(self, request: Request) -> Response:
+        data = await _json_body(request, self.limits)
+        text = _text(data, "text", self.limits)
+        loaded = await self.load(data.get("run"))
+        return JSONResponse(await self.on_model_thread(attention_data, loaded, text, self.limits))
 
-    async def inside(request: Request) -> Response:
-        loaded = await on_model_thread(library.load, request.query_params.get("run"))
-        return JSONResponse(await on_model_thread(inside_data, loaded))
+    async def inside(self, request: Request) -> Response:
+        loaded = await self.load(request.query_params.get("run"))
+        return JSONResponse(await self.on_model_thread(inside_data, loaded))
 
-    async def walkthrough(request: Request) -> Response:
-        if state["walkthrough"] is None:
-            state["walkthrough"] = await on_model_thread(walkthrough_data)
-        return JSONResponse(state["walkthrough"])
+    async def walkthrough(self, request: Request) -> Response:
+        if self.walk is None:
+            self.walk = await self.on_model_thread(walkthrough_data)
+        return JSONResponse(self.walk)
 
-    async def training(request: Request) -> Response:
+    async def training(self, request: Request) -> Response:
         name = request.query_params.get("run")
         since = request.query_params.get("since", "0")
         if not since.isdigit():
             raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
-        entry = library.entry(name)
-        metrics = library.metrics(name)
-        return JSONResponse(await run_in_threadpool(training_data, entry.path, metrics, int(since), limits))
+        entry, metrics = self.library.entry(name), self.library.metrics(name)
+        return JSONResponse(await run_in_threadpool(training_data, entry.path, metrics, int(since), self.limits))
 
+
+def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
+    pg = Playground(library, limits)
     routes = [
-        Route("/", index),
-        Route("/api/runs", _guarded(runs)),
-        Route("/api/model", _guarded(model_info)),
-        Route("/api/generate", _guarded(generate), methods=["POST"]),
-        Route("/api/attention", _guarded(attention), methods=["POST"]),
-        Route("/api/inside", _guarded(inside)),
-        Route("/api/walkthrough", _guarded(walkthrough)),
-        Route("/api/training", _guarded(training)),
+        Route("/", pg.index),
+        Route("/api/runs", _guarded(pg.runs)),
+        Route("/api/model", _guarded(pg.model_info)),
+        Route("/api/generate", _guarded(pg.generate), methods=["POST"]),
+        Route("/api/attention", _guarded(pg.attention), methods=["POST"]),
+        Route("/api/inside", _guarded(pg.inside)),
+        Route("/api/walkthrough", _guarded(pg.walkthrough)),
+        Route("/api/training", _guarded(pg.training)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
+
     @contextlib.asynccontextmanager
     async def lifespan(app):
         yield
-        model_thread.close()
+        pg.model_thread.close()  # its running streams are told to stop
 
     app = Starlette(routes=routes, lifespan=lifespan)
-    app.state.model_thread = model_thread
+    app.state.model_thread = pg.model_thread
     return app
 
 

@@ -40,10 +40,10 @@ class Loaded:
     model: Any
     tokenizer: Any
     info: dict[str, Any]
-    labels: Any = None  # streams.Labels: each token's label, computed once
+    labels: Any = None  # labels.Labels: each token's label, computed once
 
     def __post_init__(self):
-        from scratchlm.serve.streams import Labels
+        from scratchlm.serve.labels import Labels
 
         self.labels = Labels(self.tokenizer)
 
