@@ -579,3 +579,45 @@ def test_a_prompt_exactly_as_long_as_the_context_is_not_cropped():
     assert not out.prompt_cropped
     with pytest.warns(UserWarning, match="last 16 tokens"):
         assert generate(model, tok, prompt + "a", max_new_tokens=2, greedy=True).prompt_cropped
+
+
+# ------------------------------------------------------------------------------ mutation survivors (issue 21)
+
+
+def test_generate_ids_seed_fixes_a_sampled_draw():
+    """seed builds the draw's generator: the same seed twice gives the same ids, whatever the
+    global RNG did in between, and another seed other ids."""
+    model, idx = _model(seed=3), torch.tensor([[1, 2, 3]])
+    first = generate_ids(model, idx, max_new_tokens=20, seed=11, temperature=1.5)
+    torch.manual_seed(999)
+    torch.rand(7)  # move the global stream: a draw that used it would now differ
+    assert torch.equal(generate_ids(model, idx, max_new_tokens=20, seed=11, temperature=1.5), first)
+    assert not torch.equal(generate_ids(model, idx, max_new_tokens=20, seed=12, temperature=1.5), first)
+
+
+def test_beam_search_checks_max_new_tokens():
+    from scratchlm.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="max_new_tokens"):
+        beam_search(_model(), torch.tensor([1, 2]), 2, -1)
+
+
+def test_when_every_beam_ends_at_eos_only_finished_beams_are_returned():
+    """With one allowed id (vocab=1), the end-of-text token, every candidate finishes at the first
+    step and no live beam is left: the result is that one finished beam (log p = 0), never the
+    bare prompt as well."""
+    best = beam_search(_model(seed=5), torch.tensor([1, 2, 3]), 2, 5, n_best=2, eos_id=0, vocab=1)
+    assert best == [([1, 2, 3, 0], 0.0)]
+    # and with the whole vocabulary, every beam returned still ends where it finished
+    model = _model(seed=5)
+    with torch.no_grad():
+        model.lm_head.bias.zero_()
+        model.lm_head.bias[7] = 50.0  # p(eos) ~ 1 at every position
+    assert all(ids[-1] == 7 for ids, _ in beam_search(model, torch.tensor([1, 2, 3]), 3, 5, n_best=3, eos_id=7))
+
+
+def test_the_crop_warning_points_at_the_callers_line():
+    model, tok = _model(seed=2, vocab_size=258), ByteTokenizer()
+    with pytest.warns(UserWarning, match="only its last 16 tokens are used") as caught:
+        generate(model, tok, "x" * 40, max_new_tokens=1)
+    assert caught[0].filename == __file__  # stacklevel: the warning names this file, not generate.py
