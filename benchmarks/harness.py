@@ -1,13 +1,15 @@
 """`python -m benchmarks`: run every benchmark, save the figures, and regenerate the README's numbers.
 
-    python -m benchmarks                    # prepare, decoding, training (about 10-15 minutes)
+    python -m benchmarks                    # prepare, decoding, training, the playground in a browser
+                                            # (about 12-17 minutes)
     python -m benchmarks --time-to-loss     # ... and time to loss beside the classic recipe, natively and
                                             # as a CPU without bfloat16 units (about 25 minutes)
     python -m benchmarks --only train-gpu   # gpt2-124m on a CUDA GPU (bf16, compile, flash attention);
                                             # every run includes it, and it skips itself without CUDA
     python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
     python -m benchmarks --only decode      # some benchmarks; merged into today's file
-                                            # (decode: torch's threads; decode-1t: one thread)
+                                            # (decode: torch's threads; decode-1t: one thread;
+                                            # serve: needs Chromium and playwright, else skips)
     python -m benchmarks --readme-only      # just regenerate the README section from the newest file
 
 Figures go to benchmarks/results/<date>-<host>.json with a markdown table beside it (<...>.md);
