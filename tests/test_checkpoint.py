@@ -227,3 +227,50 @@ def test_saving_over_a_folder_leaves_only_the_new_one(tmp_path):
     save_model_checkpoint(model, None, tmp_path / "ckpt")
     save_model_checkpoint(model, None, tmp_path / "ckpt", overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "tokenizer"]
+
+
+# ------------------------------------------------------------------------------ mutation survivors (issue 21)
+
+
+def test_saving_the_same_step_again_returns_its_folder_and_pruning_returns_what_went(tmp_path):
+    model = _model()
+    first = _save(tmp_path, model, 5)
+    assert _save(tmp_path, model, 5) == first == tmp_path / "ckpt-00000005"  # a stop right after a save
+    for step in (6, 7):
+        _save(tmp_path, model, step)
+    removed = ck.prune_checkpoints(tmp_path, keep_last=1)
+    assert sorted(p.name for p in removed) == ["ckpt-00000005", "ckpt-00000006"]
+    assert [p.name for p in ck.list_checkpoints(tmp_path)] == ["ckpt-00000007"]
+
+
+def test_a_weights_only_checkpoint_goes_into_a_folder_whose_parents_do_not_exist_yet(tmp_path):
+    out = ck.save_model_checkpoint(_model(), None, tmp_path / "a" / "b" / "imported")
+    assert ck.load_model(out)[2]["checkpoint"] == tmp_path / "a" / "b" / "imported"
+
+
+def test_loaded_models_are_in_eval_mode_on_the_device_asked():
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        model = _model(dropout=0.5)
+        _save(tmp, model.train(), 1)
+        loaded, _, _ = ck.load_model(tmp, device="cpu")
+        assert not loaded.training and all(not m.training for m in loaded.modules())
+        idx = torch.randint(0, 37, (1, 8))
+        assert torch.equal(loaded(idx)[0], loaded(idx)[0])  # no dropout between two calls
+
+
+def test_which_configs_are_hugging_faces():
+    assert ck.is_hf_config({"model_type": "gpt2"}) and ck.is_hf_config({"architectures": ["GPT2LMHeadModel"]})
+    assert not ck.is_hf_config({"model": {"n_layer": 2}, "model_type": "gpt2"})  # ours, whatever else it holds
+    assert not ck.is_hf_config({"step": 3}) and not ck.is_hf_config(["model_type"])
+
+
+def test_a_bad_model_config_is_one_error_naming_the_file(tmp_path):
+    model = _model()
+    ckpt = _save(tmp_path, model, 1)
+    config = json.loads((ckpt / "config.json").read_text())
+    config["model"]["n_head"] = 3  # 16 is not divisible by 3
+    (ckpt / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UserError, match=r"config\.json: bad model config \(.*n_head"):
+        ck.load_model(tmp_path)
