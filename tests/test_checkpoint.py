@@ -274,3 +274,18 @@ def test_a_bad_model_config_is_one_error_naming_the_file(tmp_path):
     (ckpt / "config.json").write_text(json.dumps(config))
     with pytest.raises(UserError, match=r"config\.json: bad model config \(.*n_head"):
         ck.load_model(tmp_path)
+
+
+def test_a_refused_foreign_pickle_is_one_error_and_no_warning(tmp_path):
+    """torch warns about a pickle protocol it did not write on its way to refusing the file; the
+    user gets the refusal as one UserError and none of torch's warnings."""
+    import pickle
+    import warnings
+
+    path = tmp_path / "trainer_state.pt"
+    path.write_bytes(pickle.dumps({"step": 1}, protocol=4))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(UserError, match="trainer_state.pt: cannot read it"):
+            ck._torch_load_safely(path)
+    assert [str(w.message) for w in caught] == []
