@@ -85,6 +85,9 @@ HAND_MUTATIONS = [
     ("validation = the last documents, no RNG", "data/preparation.py",
      "is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True", "is_val[n_docs - n_val:] = True",
      ["tests/test_data.py::test_prepare_documents_split_is_seeded_and_whole"]),
+    ("decode step's rows not shared out (omp for removed)", "kernels/decode_step.c",
+     "#pragma omp for schedule(guided, 32)\n", "",
+     ["tests/test_decode_step.py::test_every_matrix_row_is_computed_once_and_two_threads_share_them"]),
 ]
 
 _SWAPS = {

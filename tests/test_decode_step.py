@@ -183,6 +183,37 @@ def test_two_threads_share_the_work_and_get_the_same_result(kernel_variant, name
         torch.testing.assert_close(got, full, atol=1e-5 * full.abs().max(), rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_matrix_row_is_computed_once_and_two_threads_share_them(kernel_variant, threads):
+    """decode_step.c's matrices (linear_team) share their rows out among the team: counted by the
+    kernel itself while the test asks, every (weight row, input row) product of a step is computed
+    exactly once, by thread 0 alone with one thread, and by both with two. The counts come from
+    the loop that computes, not from a copy of it (MUTATION, issue 21: `omp for` removed gave
+    every thread every row, and the results were still right)."""
+    model = _model(2, **FUSED_VARIANTS["gpt2"])
+    C, V, n_layer = model.config.n_embd, model.config.vocab_size, model.config.n_layer
+    hidden = model.transformer.h[0].mlp.c_fc.out_features
+    B, steps = 2, 6
+    idx = torch.randint(0, V, (B, steps + 1), generator=torch.Generator().manual_seed(0))
+    step = Decoder.build(model, "float32").step
+    library = kernels.cpu_kernels()  # the variant's library, the one the step calls
+    cache = KVCache(model.config, B)
+    torch.set_num_threads(threads)  # the fixture puts it back
+    with torch.no_grad():
+        decoding_model(model, "float32").forward_hidden(idx[:, :1], kv_cache=cache)
+        library.count_rows(1)
+        try:
+            for n in range(1, steps + 1):
+                assert step(idx[:, n : n + 1], cache) is not None
+            counts = [library.rows_of_thread(t) for t in range(4)]
+        finally:
+            library.count_rows(0)
+    per_step = B * n_layer * (3 * C + C + hidden + C) + B * V  # qkv, attention out, fc, mlp out; the head
+    assert sum(counts) == steps * per_step, (counts, per_step)
+    assert counts[threads:] == [0] * (4 - threads)
+    assert all(c > 0 for c in counts[:threads]), counts  # each thread of the team took rows
+
+
 def test_models_and_calls_it_does_not_take_go_the_usual_way():
     post = Decoder.build(_model(4, norm_position="post"), "bfloat16")
     assert unsupported(post.model) == "post-norm blocks" and post.step is None

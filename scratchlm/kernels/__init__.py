@@ -187,6 +187,11 @@ class CpuKernels:
         self.step_fn = lib.scratchlm_decode_step  # called by decode_step.FusedDecodeStep
         self.step_fn.restype = ctypes.c_int
         self.step_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
+        self.count_rows = lib.scratchlm_decode_count_rows  # for the tests of the thread split: (on) -> 0
+        self.count_rows.argtypes = [ctypes.c_int]
+        self.rows_of_thread = lib.scratchlm_decode_rows_of_thread  # (thread) -> rows it computed, while counting
+        self.rows_of_thread.restype = ctypes.c_int64
+        self.rows_of_thread.argtypes = [ctypes.c_int]
         self.greedy_fn = lib.scratchlm_decode_greedy  # several greedy steps: decode_step.FusedDecodeStep.greedy
         self.greedy_fn.restype = ctypes.c_int
         self.greedy_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int]

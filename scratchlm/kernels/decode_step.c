@@ -35,6 +35,29 @@
 #include "attention.h"
 #include "bf16_dot.h"
 
+#ifdef _OPENMP
+#include <omp.h>
+#define THREAD_NUM() omp_get_thread_num()
+#else
+#define THREAD_NUM() 0
+#endif
+
+/* For the tests of how the work is shared out: while counting is on, the rows of the matrices
+ * each thread computed (thread numbers below COUNTED_THREADS). Off, it costs one test per call of
+ * linear_team. */
+#define COUNTED_THREADS 64
+static int counting_rows = 0;
+static int64_t rows_of_thread[COUNTED_THREADS];
+
+int scratchlm_decode_count_rows(int on)
+{
+    counting_rows = on;
+    memset(rows_of_thread, 0, sizeof rows_of_thread);
+    return 0;
+}
+
+int64_t scratchlm_decode_rows_of_thread(int thread) { return thread >= 0 && thread < COUNTED_THREADS ? rows_of_thread[thread] : -1; }
+
 typedef struct {
     const void *weight;     /* (n_out, k) bfloat16 (or float32: StepModel.weights_f32), as nn.Linear keeps it */
     const float *bias;      /* (n_out,) or NULL */
@@ -109,8 +132,17 @@ static void linear_team(const StepLinear *L, const float *in, input_t *xb, float
     if (!f32) prepare_input(in, B, k, xb);
     /* guided: big blocks first, small ones last, so a thread slowed by another tenant of the
      * machine holds the others up less at the barrier (2-3% over static on the benchmark VM) */
+    int64_t mine = 0; /* rows this thread took */
 #pragma omp for schedule(guided, 32)
-    for (int64_t o = 0; o < n; o++) product_column(L->weight, f32, xb, in, k, o, L->bias, out, n, (int)B, add);
+    for (int64_t o = 0; o < n; o++) {
+        product_column(L->weight, f32, xb, in, k, o, L->bias, out, n, (int)B, add);
+        mine++;
+    }
+    const int t = THREAD_NUM();
+    if (counting_rows && t < COUNTED_THREADS) {
+#pragma omp atomic
+        rows_of_thread[t] += mine * B;
+    }
 }
 
 /* The new positions' attention for every (sequence, head), shared out among the team. Row
