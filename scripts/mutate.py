@@ -307,9 +307,11 @@ def main() -> int:
     hung = sum(o.timed_out for o in outcomes)
     print(f"{args.module}: {killed}/{len(outcomes)} killed (score {killed / max(1, len(outcomes)):.0%}"
           f"{f', {hung} by timeout' if hung else ''}) in {time.perf_counter() - start:.0f} s")
-    if earlier is not None:  # a (line, edit) pair can name two mutants: count the earlier run's pairs
+    if earlier is not None:
+        # every earlier survivor was rerun (with any mutant sharing its line and edit), and the
+        # mutants not rerun were killed before: so each survivor now is one mutant still alive
         total, before = earlier["run"], earlier["killed"]
-        now = total - len({(o.line, o.what) for o in survivors})
+        now = total - len(survivors)
         print(f"{args.module}: over the earlier run's {total} mutants, {before} killed before, {now} now "
               f"(score {before / total:.0%} -> {now / total:.0%})")
     if args.json:
