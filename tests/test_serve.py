@@ -129,6 +129,13 @@ def streamed_text(events: list[tuple[str, dict]]) -> str:
 
 def cli_generate(run: Path, prompt: str, *flags: str) -> str:
     """What `scratchlm generate ... --no-echo` prints, run in this process (no second torch import)."""
+    out = cli_output("generate", "--checkpoint", str(run), "--prompt", prompt, "--no-echo", *flags)
+    assert out.endswith("\n")
+    return out[:-1]
+
+
+def cli_output(*argv: str) -> str:
+    """What `scratchlm ARGV...` prints, run in this process (no second torch import); it must exit 0."""
     import contextlib
     import io
 
@@ -136,9 +143,8 @@ def cli_generate(run: Path, prompt: str, *flags: str) -> str:
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        code = main(["generate", "--checkpoint", str(run), "--prompt", prompt, "--no-echo", *flags])
-    assert code == 0 and out.getvalue().endswith("\n")
-    return out.getvalue()[:-1]
+        assert main(list(argv)) == 0
+    return out.getvalue()
 
 
 def active_streams(served: "Served") -> int:
@@ -381,15 +387,7 @@ def test_attention_text_is_bounded(served):
 def test_inside_is_what_scratchlm_inspect_reports(served, runs):
     got, data = request(served.port, "GET", "/api/inside?run=mixed")
     assert got == 200
-    import contextlib
-    import io
-
-    from scratchlm.cli import main
-
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["inspect", "--checkpoint", str(runs / "mixed"), "--json"]) == 0
-    report = json.loads(out.getvalue())
+    report = json.loads(cli_output("inspect", "--checkpoint", str(runs / "mixed"), "--json"))
     assert data["trace"] == report["trace"]["stations"] and data["total"] == report["parameters"]["total"]
     assert data["total"] == sum(int(np.prod(p["shape"])) for p in data["params"])
     assert [p["name"] for p in data["params"]][:2] == ["transformer.wte.weight", "transformer.h.0.ln_1.weight"]

@@ -221,7 +221,8 @@ class Playground:
         since = request.query_params.get("since", "0")
         if not since.isdigit():
             raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
-        entry, metrics = self.library.entry(name), self.library.metrics(name)
+        entry = self.library.entry(name)  # one listing of the folder per poll
+        metrics = self.library.metrics(entry)
         return JSONResponse(await run_in_threadpool(training_data, entry.path, metrics, int(since), self.limits))
 
 

@@ -124,7 +124,6 @@ class RunLibrary:
                 self._loaded.popitem(last=False)
             return loaded
 
-
     def check_inside(self, path: Path) -> Path:
         """`path` itself, after checking that its real path lies in the runs folder: a symlink in a
         run (a checkpoint, a tokenizer, a metrics file) pointing elsewhere is refused."""
@@ -133,8 +132,8 @@ class RunLibrary:
             raise UnknownRun(f"{path.name} leads outside the served folder; not served")
         return path
 
-    def metrics(self, name: Any) -> Path | None:
-        entry = self.entry(name)
+    def metrics(self, entry: RunEntry) -> Path | None:
+        """The listed run's metrics file, checked to lie inside the served folder."""
         return None if entry.metrics is None else self.check_inside(entry.metrics)
 
 
