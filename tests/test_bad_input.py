@@ -4,7 +4,8 @@ Every case builds its files in a folder of its own (the process runs there too, 
 `runs/` or temp file would show), hashes the folder, runs one malformed command, and checks:
 exit status 2, exactly one stderr line of the form `error: ...` holding the words that say what
 is wrong, and every file and folder byte-identical afterwards (nothing changed, nothing added).
-The cases run two at a time (each process spends most of its ~2 s importing torch). The few that
+The cases run two at a time, each in a process forked from one that has imported torch
+(tests/cli_forks.py), so they do not spend ~2 s each importing it. The few that
 need a trained model share one tiny run, trained once per session.
 
 Data-preparation cases that test_data.py already covers (empty text, invalid UTF-8, a parquet file
@@ -16,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import random
 import shutil
 import subprocess
@@ -27,6 +29,8 @@ from typing import Callable
 
 import pytest
 import torch
+
+from cli_forks import Forker
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
@@ -420,19 +424,21 @@ class Outcome:
     after: dict
 
 
-def _run_case(case: Case, d: Path, run: Path, cache: Path) -> Outcome:
+def _run_case(case: Case, d: Path, run: Path, cache: Path, forker: Forker) -> Outcome:
     d.mkdir()
     case.setup(d, run)
     before = tree_hashes(d)
     argv = [a.format(d=d) for a in case.argv]
     env = {**os.environ, "SCRATCHLM_CACHE": str(cache)}  # warnings shown: they would be more stderr lines
-    proc = subprocess.run([sys.executable, "-m", "scratchlm", *(["--debug"] if case.debug else []), *argv],
-                          cwd=d, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=240)
-    return Outcome(proc.returncode, proc.stderr, before, tree_hashes(d))
+    err = d.with_name(d.name + ".stderr")  # beside the case's folder, not in it
+    code = forker.run([*(["--debug"] if case.debug else []), *argv], d, env, err, d.with_name(d.name + ".stdout"))
+    return Outcome(code, err.read_text(errors="replace"), before, tree_hashes(d))
 
 
 # The default tier runs the torch-free prepare cases and two of every other command; the slow
-# tier (still run by the full suite) runs the rest. Each process costs about 1.5 s of CPU.
+# tier (still run by the full suite) runs the rest. Each case is a real process forked from a
+# server that imported torch once (tests/cli_forks.py): a fresh interpreter spent about 1.8 s of
+# CPU per case on that import.
 DEFAULT_TIER = {c.name for c in CASES if c.argv[0] == "prepare"} | {
     "train: --n_head 3 with --n_embd 128", "train: run directory that already holds a run",
     "resume: truncated trainer state", "resume: data with more characters than the model",
@@ -445,9 +451,24 @@ DEFAULT_TIER = {c.name for c in CASES if c.argv[0] == "prepare"} | {
 
 
 def _run_all(cases: list[Case], run: Path, root: Path, cache: Path) -> dict[str, Outcome]:
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {c.name: pool.submit(_run_case, c, root / f"case{i:02d}", run, cache) for i, c in enumerate(cases)}
-        results = {name: f.result() for name, f in futures.items()}
+    forkers = queue.Queue()
+    for _ in range(2):
+        forkers.put(Forker())
+
+    def one(i: int, case: Case) -> Outcome:
+        forker = forkers.get()
+        try:
+            return _run_case(case, root / f"case{i:02d}", run, cache, forker)
+        finally:
+            forkers.put(forker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {c.name: pool.submit(one, i, c) for i, c in enumerate(cases)}
+            results = {name: f.result() for name, f in futures.items()}
+    finally:
+        while not forkers.empty():
+            forkers.get().close()
     clean = sum(_problems(c, results[c.name]) == [] for c in cases)
     print(f"\nbad inputs tried: {len(cases)}; clean error with nothing changed: {clean}")
     return results
