@@ -339,7 +339,7 @@ def format_report(report: dict[str, Any]) -> str:
     mem = report["memory"]
     est = {e["precision"]: e for e in mem["estimates"]}
     lines += ["", f"training memory at B={mem['batch_size']}, T={mem['seq_len']} with AdamW (estimate, for the plain "
-                  "loss, --no-fused_loss; the default fused loss never holds the B*T*V rows below):",
+                  "loss, --no-fused_loss; from 1M scores on the default fused loss never holds the B*T*V rows below):",
               f"  {'':<38}" + "".join(f"{p:>16}" for p in PRECISIONS)]
     for key, label in (
         ("weights", "weights (fp32)"),

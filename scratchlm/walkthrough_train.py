@@ -82,7 +82,7 @@ def training_walk(model: GPT, ids: Sequence[int], targets: Sequence[int], *, lr:
     train_cfg = TrainConfig(lr=lr)
     model.train()  # as training runs it (no dropout in the hand presets; asserted by the equality)
     model.zero_grad(set_to_none=True)
-    _, loss = model(x, y, return_logits=False)  # the training path: the fused head + loss
+    _, loss = model(x, y, return_logits=False)  # the training path (the plain head + loss at this size)
     with torch.no_grad():
         logits, _ = model(x)
         per_position = F.cross_entropy(logits[0], y[0], reduction="none")

@@ -108,7 +108,13 @@ TINY = dict(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16)
     ("gpt2-124m", {}),  # tied head without bias: the gradient of wte gets both uses
     ("smoke", {"tie_weights": True}),  # tied with a bias
 ])
-def test_model_loss_only_matches_logits_path(preset, extra):
+def test_model_loss_only_matches_logits_path(preset, extra, monkeypatch):
+    from scratchlm import model as model_module
+
+    monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", 0)  # the fused path at this tiny size
+    calls = []
+    fused_fn = model_module.linear_cross_entropy
+    monkeypatch.setattr(model_module, "linear_cross_entropy", lambda *a, **k: calls.append(1) or fused_fn(*a, **k))
     torch.manual_seed(0)
     model = GPT(GPTConfig.from_name(preset, **TINY, **extra)).train()
     idx = torch.randint(0, 61, (3, 16))
@@ -118,11 +124,38 @@ def test_model_loss_only_matches_logits_path(preset, extra):
     want = _grads(plain, list(model.parameters()))
     none, fused = model(idx, targets, ignore_index=-1, return_logits=False)
     got = _grads(fused, list(model.parameters()))
-    assert none is None and logits.shape == (3, 16, 61)
+    assert none is None and logits.shape == (3, 16, 61) and calls == [1]
     torch.testing.assert_close(fused, plain, atol=1e-5, rtol=0)
     names = [n for n, _ in model.named_parameters()]
     for name, a, b in zip(names, got, want):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("threshold, fused", [(3 * 16 * 61, True), (3 * 16 * 61 + 1, False)])
+def test_the_fused_path_is_taken_from_the_threshold_on(threshold, fused, monkeypatch):
+    """return_logits=False takes the chunked path from FUSED_LOSS_MIN_SCORES scores (rows x V) on
+    and the plain one below; both give the loss of the logits' cross-entropy."""
+    from scratchlm import model as model_module
+
+    monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", threshold)
+    calls = []
+    fused_fn = model_module.linear_cross_entropy
+    monkeypatch.setattr(model_module, "linear_cross_entropy", lambda *a, **k: calls.append(1) or fused_fn(*a, **k))
+    torch.manual_seed(0)
+    model = GPT(GPTConfig.from_name("smoke", **TINY)).train()
+    idx, targets = torch.randint(0, 61, (3, 16)), torch.randint(0, 61, (3, 16))
+    logits, _ = model(idx)
+    _, loss = model(idx, targets, return_logits=False)
+    assert len(calls) == fused
+    torch.testing.assert_close(loss, F.cross_entropy(logits.reshape(-1, 61), targets.reshape(-1)), atol=1e-5, rtol=0)
+
+
+def test_the_default_threshold_sends_characters_plain_and_bpe_fused():
+    """The rule as documented: the character preset's micro-batch (12 x 64 x 67 scores) on the
+    plain path, the smoke shape (8 x 256 x 50304) and an 8192-token BPE batch on the fused one."""
+    from scratchlm.model import FUSED_LOSS_MIN_SCORES
+
+    assert 12 * 64 * 67 < FUSED_LOSS_MIN_SCORES <= 4 * 256 * 8192 <= 8 * 256 * 50304
 
 
 def test_loss_only_needs_targets():
@@ -149,6 +182,7 @@ def test_training_with_and_without_fused_loss_gives_the_same_losses(tmp_path, mo
         return fused_fn(*args, **kwargs)
 
     monkeypatch.setattr(model_module, "linear_cross_entropy", counted)
+    monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", 0)  # this tiny model would take the plain path
     runs = {}
     try:
         for fused in (True, False):
