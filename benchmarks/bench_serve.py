@@ -8,6 +8,8 @@ A short `shakespeare-char` run (30 steps on the built-in corpus) gives the model
     types the prompt, ticks greedy and presses Generate; the page's own clock (performance.now)
     times the first token event to the done event, and the page reports the tokens it received.
   - http: the same request read by a plain HTTP client (the server's own pace, no browser).
+The server runs as a user starts it, so with its default threads (one fewer than torch takes,
+leaving the browser a core); generate runs with torch's default, as `scratchlm generate` does.
 All decode the same greedy tokens (checked), in turns, `repeats` times each. The goal: the
 median over the turns of browser / generate at >= 0.85 (each browser run against the generate
 run just before it, since this machine's pace drifts).

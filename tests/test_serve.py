@@ -494,6 +494,11 @@ def test_the_command_prints_its_address_and_binds_loopback(runs):
         assert match, line
         port = int(match.group(1))
         assert request(port, "GET", "/api/runs")[1]["default"] == "mixed"
+        # one torch thread fewer than a plain process takes, so the browser keeps a core
+        plain = int(subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+                                   capture_output=True, text=True, check=True).stdout)
+        assert request(port, "GET", "/api/model?run=mixed")[1]["threads"] == max(1, plain - 1)
+        assert f"{max(1, plain - 1)} torch thread" in line
         if sys.platform == "linux":
             assert _listening(port) == ["0100007F"]  # 127.0.0.1 only, as the kernel sees it
     finally:
@@ -502,10 +507,11 @@ def test_the_command_prints_its_address_and_binds_loopback(runs):
 
 
 def test_another_host_gets_a_warning_line(runs):
-    proc, line = _start_serve("--checkpoint", str(runs / "mixed"), "--host", "0.0.0.0", "--port", "0")
+    proc, line = _start_serve("--checkpoint", str(runs / "mixed"), "--host", "0.0.0.0", "--port", "0", "--threads", "3")
     try:
         port = int(re.search(r":(\d+)/", line).group(1))
         assert request(port, "GET", "/api/runs")[1]["default"] == "mixed"
+        assert request(port, "GET", "/api/model?run=mixed")[1]["threads"] == 3
     finally:
         proc.terminate()
         proc.wait(10)
@@ -519,6 +525,7 @@ def test_another_host_gets_a_warning_line(runs):
     ([], "no ./runs folder here"),
     (["--host", "no.such.host.invalid"], "--host no.such.host.invalid"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
+    (["--threads", "0"], "--threads must be between 1 and 4096"),
 ])
 def test_the_command_refuses_bad_input_in_one_line(tmp_path, runs, args, words):
     if "--runs" not in args and "--checkpoint" not in args and args:

@@ -35,6 +35,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
+import torch
 
 from scratchlm.errors import UserError
 from scratchlm.serve.library import RunLibrary, UnknownRun, describe
@@ -179,6 +180,7 @@ class Playground:
             "params": sum(p.numel() for p in loaded.model.parameters()),
             "limits": {"max_new_tokens": limits.max_new_tokens, "prompt_chars": limits.prompt_chars,
                        "attention_tokens": limits.attention_tokens},
+            "threads": torch.get_num_threads(),
         })
 
     async def generate(self, request: Request) -> Response:

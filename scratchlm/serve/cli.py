@@ -24,6 +24,9 @@ def add_serve(sub) -> None:
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--max-new-tokens", type=int, default=1000, help="the most tokens one request may ask for (default: 1000)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads for the model (default: one fewer than torch would take, at least 1: the "
+                        "browser showing the page needs a core too)")
     p.set_defaults(run=_run_serve)
 
 
@@ -60,6 +63,8 @@ def _run_serve(args) -> int:
     # Everything that can be checked without torch is checked first, the address taken last
     # before the models: a typo costs a fraction of a second, and a port in use is found before
     # any loading.
+    if args.threads is not None and not 1 <= args.threads <= 4096:
+        raise UserError(f"--threads must be between 1 and 4096, got {args.threads}")
     if not 1 <= args.max_new_tokens <= 100_000:
         raise UserError(f"--max-new-tokens must be between 1 and 100000, got {args.max_new_tokens}")
     if args.checkpoint is None and args.runs is None and not Path(DEFAULT_RUNS).is_dir():
@@ -83,6 +88,13 @@ def _serve(args, sock: socket.socket) -> int:
     from scratchlm.serve.app import Limits, create_app
     from scratchlm.serve.library import RunLibrary
 
+    import torch
+
+    # On a CPU, a model thread team as wide as the machine stalls whenever the browser takes a
+    # core (each parallel step waits for its descheduled member): on 2 cores, 600 greedy tokens
+    # of the baby model reached the page at 0.71x `scratchlm generate`'s pace with 2 threads
+    # and 0.96x with 1 (benchmarks/bench_serve.py).
+    torch.set_num_threads(args.threads or max(1, torch.get_num_threads() - 1))
     device = str(pick_device(args.device, allow_mps=False))
     if args.checkpoint is not None:
         library = RunLibrary(checkpoint=args.checkpoint, device=device)
@@ -95,7 +107,9 @@ def _serve(args, sock: socket.socket) -> int:
               file=sys.stderr, flush=True)
     shown = f"[{host}]" if ":" in host else host
     n = len(library.entries())
-    print(f"scratchlm playground: http://{shown}:{port}/  ({n} run{'' if n == 1 else 's'}; Ctrl-C stops it)", flush=True)
+    threads = torch.get_num_threads()
+    print(f"scratchlm playground: http://{shown}:{port}/  ({n} run{'' if n == 1 else 's'}, {threads} torch "
+          f"thread{'' if threads == 1 else 's'}; Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
     uvicorn.Server(config).run(sockets=[sock])
     return 0
