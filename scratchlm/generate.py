@@ -549,9 +549,25 @@ class TokenStep:
     reason: str | None = None  # why the continuation ended, on the step that ended it: "eos" | "stop" | "length"
 
 
+class TokenSteps(Iterator[TokenStep]):
+    """What `stream_tokens` returns: iterate it for the steps. prompt_ids (the prompt as encoded)
+    and cropped (whether the model starts from its last block_size ids only) are known before the
+    first step."""
+
+    def __init__(self, steps: Iterator[TokenStep], prompt_ids: list[int], cropped: bool):
+        self._steps, self.prompt_ids, self.cropped = steps, prompt_ids, cropped
+
+    def __next__(self) -> TokenStep:
+        return next(self._steps)
+
+    def close(self) -> None:
+        """Stop early: the model goes back to the mode it was in."""
+        self._steps.close()
+
+
 def stream_tokens(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 100,
                   sampling: SamplingOptions | None = None, seed: int | None = None, stop: Sequence[str] | None = None,
-                  use_cache: bool = True, dtype: torch.dtype | str | None = None, **options) -> Iterator[TokenStep]:
+                  use_cache: bool = True, dtype: torch.dtype | str | None = None, **options) -> TokenSteps:
     """`stream` one token at a time: a TokenStep per token chosen (an end-of-text token too, with
     text ""), then one with id None holding whatever text was held back to the end. The texts join
     to exactly `generate(...).text` with the same options and seed; each step's logits are the
@@ -560,10 +576,10 @@ def stream_tokens(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 1
     # before the caller prints anything.
     sampling = SamplingOptions.of(sampling, **options)
     _check_generate_options(1, 1, max_new_tokens)
-    _, start_ids, _ = _encode_prompt(model, tokenizer, prompt)
+    prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
     stops = _nonempty(stop)
     rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)
-    return _token_steps(rows, IncrementalText(stops))
+    return TokenSteps(_token_steps(rows, IncrementalText(stops)), prompt_ids, cropped)
 
 
 def _token_steps(rows: Iterator[tuple[list[_Row], torch.Tensor | None, torch.Tensor | None]],

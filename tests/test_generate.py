@@ -319,6 +319,29 @@ def test_stream_tokens_gives_every_token_its_scores_and_the_texts_join_to_genera
     assert ended in ([], ["stop"]) and (ended == ["stop"]) == (stops[-1].reason == "stop")
 
 
+def test_stream_tokens_says_the_prompt_before_the_first_step_and_warns_of_a_crop_once():
+    """prompt_ids is the prompt as the tokenizer encodes it and cropped says whether it outgrew
+    the context; both known before any step, the crop warned of once (the playground's start
+    event reads them rather than encoding the prompt a second time)."""
+    import warnings
+
+    from scratchlm.generate import stream_tokens
+
+    tok = ByteTokenizer()
+    model = _model(seed=13, vocab_size=258)
+    steps = stream_tokens(model, tok, "hé", max_new_tokens=3, seed=0)
+    assert steps.prompt_ids == tok.encode("hé") and steps.cropped is False
+    steps.close()
+    long = "ab" * model.config.block_size
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        steps = stream_tokens(model, tok, long, max_new_tokens=3, seed=0)
+        texts = "".join(s.text for s in steps)
+    assert steps.prompt_ids == tok.encode(long) and steps.cropped is True
+    assert len([w for w in caught if "context" in str(w.message)]) == 1
+    assert texts == generate(model, tok, long[-model.config.block_size:], max_new_tokens=3, seed=0).text
+
+
 def test_incremental_text_never_prints_half_a_character():
     tok = ByteTokenizer()
     text = "héllo wörld 你好 🎉 done"

@@ -128,7 +128,7 @@ class GenerationStream:
             return False
 
     def _begin(self) -> bool:
-        from scratchlm.generate import _encode_prompt, generate, stream_tokens
+        from scratchlm.generate import generate, stream_tokens
 
         r, model, tokenizer = self.request, self.loaded.model, self.loaded.tokenizer
         self.began = time.perf_counter()
@@ -140,10 +140,10 @@ class GenerationStream:
                                    "logprob": result.logprobs[0]}))
             self._put(None)
             return False
-        ids, _, cropped = _encode_prompt(model, tokenizer, r.prompt)
         self.steps = stream_tokens(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, seed=r.seed,
                                    **r.sampling)
-        self._put(sse("start", {"prompt_ids": len(ids), "cropped": cropped, "seed": r.seed}))
+        self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "cropped": self.steps.cropped,
+                                "seed": r.seed}))
         return True
 
     def _close_steps(self) -> None:
