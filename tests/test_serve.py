@@ -427,6 +427,23 @@ def test_training_records_follow_a_growing_metrics_file(tmp_path, runs):
     assert again["reset"] and [r["event"] for r in again["records"]] == ["start"]
 
 
+def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs):
+    """`serve --checkpoint RUN/ckpt_N`: the lock that says "training" is the run folder's."""
+    import shutil
+
+    from scratchlm.checkpoint import latest_checkpoint
+    from scratchlm.runlock import RunLock
+    from scratchlm.serve.library import RunLibrary, describe
+
+    run = tmp_path / "live"
+    shutil.copytree(runs / "mixed", run)
+    entry = RunLibrary(checkpoint=latest_checkpoint(run)).entries()[0]
+    assert entry.path.parent == run and describe(entry)["training"] is False
+    with RunLock(run):
+        assert describe(entry)["training"] is True
+        assert describe(RunLibrary(checkpoint=run).entries()[0])["training"] is True
+
+
 # ------------------------------------------------------------------------------ load
 
 

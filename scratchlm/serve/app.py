@@ -225,7 +225,7 @@ class Playground:
             raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
         entry = self.library.entry(name)  # one listing of the folder per poll
         metrics = self.library.metrics(entry)
-        return JSONResponse(await run_in_threadpool(training_data, entry.path, metrics, int(since), self.limits))
+        return JSONResponse(await run_in_threadpool(training_data, entry.run_dir, metrics, int(since), self.limits))
 
 
 def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:

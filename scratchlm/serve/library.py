@@ -31,6 +31,11 @@ class RunEntry:
     path: Path  # a run folder, or a checkpoint folder given with --checkpoint
     metrics: Path | None  # its metrics.jsonl, where one exists
 
+    @property
+    def run_dir(self) -> Path:
+        """The folder a training process locks: the run's, also for one of its checkpoints."""
+        return self.path.parent if (self.path / "config.json").is_file() else self.path
+
 
 @dataclass
 class Loaded:
@@ -160,7 +165,7 @@ def describe(entry: RunEntry) -> dict[str, Any]:
 
     ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
     out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,
-                           "training": holder(entry.path) is not None}
+                           "training": holder(entry.run_dir) is not None}
     if ckpt is not None:
         config = read_config(ckpt)
         out.update(checkpoint=ckpt.name, step=config.get("step"), model=config.get("model"))
