@@ -306,3 +306,33 @@ def test_the_training_tab_follows_a_run_while_it_trains(page, runs):
     page.wait_for_function(f"+document.querySelector('polyline.train-curve').dataset.points === {train_points}")
     sample = [r for r in records if r["event"] == "sample"][-1]["text"]
     assert sample.strip()[:10] in page.inner_text("#train-sample")
+
+
+def test_an_empty_runs_folder_says_what_to_do_and_a_new_run_appears(browser, runs, tmp_path):
+    """An empty folder: the page says how to make a run. A run copied in shows up in the picker
+    without a reload (the page lists the runs again on focus and every few seconds), the hint
+    goes, and it generates what the command line does."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    folder = tmp_path / "runs"
+    folder.mkdir()
+    with Served(RunLibrary(runs=folder), Limits()) as served:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{served.port}/")
+        page.wait_for_function("window.playground && window.playground.ready === true")
+        assert "no runs here yet" in page.inner_text("#page-error")
+        assert page.locator("#run option").count() == 0
+        shutil.copytree(runs / "mixed", folder / "fresh")
+        page.evaluate("window.dispatchEvent(new Event('focus'))")
+        page.wait_for_function("document.querySelector('#run').value === 'fresh'", timeout=15_000)
+        assert page.is_hidden("#page-error")
+        page.fill("#prompt", "ROMEO:")
+        page.fill("#max_new_tokens", "20")
+        page.set_checked("#greedy", True)
+        page.click("#go")
+        page.wait_for_selector("#status[data-state=done]", timeout=60_000)
+        shown = page.eval_on_selector_all("#output .tok", "spans => spans.map(s => s.textContent).join('')")
+        context.close()
+    assert shown == cli_generate(folder / "fresh", "ROMEO:", "--greedy", "--max-new-tokens", "20")

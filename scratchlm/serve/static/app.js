@@ -30,24 +30,43 @@ function showTab(tab, runChanged) {
 }
 
 // Fill the model picker from GET /api/runs. The answer may be a list of names or of
-// {name, ...} objects, or {"runs": [...], "default": name}.
+// {name, ...} objects, or {"runs": [...], "default": name}. Called at start and again every
+// RUNS_EVERY_MS and when the window gets focus, so runs that appear (or step on) while the page
+// is open show up; the model chosen stays chosen while it is listed.
 async function loadRuns() {
   const select = $("#run");
   try {
     const data = await fetchJSON("/api/runs");
     const runs = Array.isArray(data) ? data : data.runs || [];
     const names = runs.map((r) => (typeof r === "string" ? r : r.name));
-    if (!names.length) throw new Error("the server knows no runs");
-    select.replaceChildren(...runs.map(runOption));
-    const wanted = (!Array.isArray(data) && data.default) || "default";
+    if (!names.length) {
+      select.replaceChildren();
+      playground.run = "";
+      playground.runsError = true;
+      showError("page-error", "no runs here yet: train one (scratchlm train --preset shakespeare-char " +
+        "--out_dir runs/baby) and it will appear in the picker");
+      return;
+    }
+    const options = runs.map(runOption);
+    const shown = [...select.options].map((o) => o.value + "|" + o.textContent).join("\n");
+    if (shown !== options.map((o) => o.value + "|" + o.textContent).join("\n")) select.replaceChildren(...options);
+    const wanted = playground.run || (!Array.isArray(data) && data.default) || names[0];
     select.value = names.includes(wanted) ? wanted : names[0];
-    playground.run = select.value;
+    if (playground.runsError) showError("page-error", "");  // only the line this function wrote
+    playground.runsError = false;
+    if (select.value !== playground.run) {
+      playground.run = select.value;
+      if (playground.ready) runChanged();  // a first run appeared, or the one shown went: show the one chosen
+    }
   } catch (err) {
+    playground.runsError = true;
     showError("page-error", "could not list the models: " + err.message);
   }
 }
 
-// One <option> for a run: its name and the step of its checkpoint (as the page was loaded).
+const RUNS_EVERY_MS = 10000;
+
+// One <option> for a run: its name and the step of its checkpoint (as last listed).
 function runOption(run) {
   if (typeof run === "string") return el("option", { value: run }, run);
   const step = typeof run.step === "number" ? ` · step ${fmtInt(run.step)}` : "";
@@ -74,6 +93,8 @@ function wire() {
   $("#att-go").addEventListener("click", loadAttention);
   $("#run").addEventListener("change", runChanged);
   window.addEventListener("hashchange", route);
+  window.addEventListener("focus", loadRuns);
+  setInterval(loadRuns, RUNS_EVERY_MS);
   // a click or tap outside a token closes its popup; Escape too
   document.addEventListener("click", (event) => { if (!event.target.closest("#alts")) hideAlts(); });
   document.addEventListener("keydown", (event) => { if (event.key === "Escape") hideAlts(); });

@@ -6,7 +6,7 @@
 
 // Everything the page knows, in one place (tests read it too).
 const playground = {
-  run: "default",     // the selected run (model)
+  run: "",            // the selected run (model); "" until the runs are listed
   tab: "generate",    // the tab shown
   tokens: [],         // the token events of the last generation
   done: null,         // its done event
