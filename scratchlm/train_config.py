@@ -93,8 +93,8 @@ class TrainConfig:
     """Compute the output layer and the loss together in chunks of rows (scratchlm.fused_loss):
     the same loss and gradients without ever holding all batch x vocabulary scores; faster and
     far leaner at large vocabularies. Used where a micro-batch has at least a million scores
-    (batch x context x vocabulary; below that, a character vocabulary, the plain path is faster
-    and is taken). False always uses the plain lm_head + F.cross_entropy."""
+    (batch x context x vocabulary; below that, e.g. English characters at the baby shape, the
+    plain path is faster and is taken). False always uses the plain lm_head + F.cross_entropy."""
     activation_checkpointing: bool = False
     """Recompute each block's activations during backward instead of storing them (less memory)."""
     device: str = "auto"

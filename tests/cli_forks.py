@@ -5,10 +5,18 @@ is most of a bad-input case's cost. A `Forker` starts one plain Python process t
 and scratchlm's modules once, runs no torch operation (so no thread pool exists yet), and then,
 for each command it is sent, forks a child that changes into the command's folder, takes the
 command's environment, and runs `scratchlm/__main__.py` as `python -m scratchlm` would: its own
-exit status, its own stdin (/dev/null), stdout and stderr (files the caller names), its own
-atexit handlers. The only difference from a fresh interpreter is that the modules are already
-imported, so a command's own import-order checks (flags read before torch loads) are not what
-these runs test; tests/test_startup.py covers those with fresh interpreters.
+exit status, its own stdin (/dev/null), stdout and stderr (files the caller names), the end of a
+real interpreter (non-daemon threads joined, then atexit handlers).
+
+What differs from a fresh interpreter: the modules are already imported, so
+  - anything read at import time (OMP_* and TORCH_* variables, say) comes from the server's
+    environment, which is the test process's: commands whose environment differs there in such
+    a variable need a real subprocess;
+  - what an import would print to stderr is printed once, by the server: so the server refuses
+    to start when its imports print anything, rather than let a command's stderr look cleaner
+    than a real one's;
+  - a command's own import-order checks (flags read before torch loads) are not what these runs
+    test; tests/test_startup.py covers those with fresh interpreters.
 """
 
 from __future__ import annotations
@@ -25,12 +33,26 @@ REPO = Path(__file__).resolve().parents[1]
 # The forking server: reads one JSON command per line on stdin, answers one line with the exit
 # status of the child that ran it.
 _SERVER = r"""
-import atexit, json, os, runpy, signal, sys, traceback
+import atexit, json, os, runpy, signal, sys, tempfile, threading, traceback
+out = os.fdopen(os.dup(1), "w")
+err = os.dup(2)
+said = tempfile.TemporaryFile()
+os.dup2(said.fileno(), 1)
+os.dup2(said.fileno(), 2)
 import torch  # noqa: F401
 import safetensors.torch, tokenizers  # noqa: F401
 import scratchlm.cli, scratchlm.checkpoint, scratchlm.generate, scratchlm.interop, scratchlm.train  # noqa: F401
-out = os.fdopen(os.dup(1), "w")
+sys.stdout.flush(); sys.stderr.flush()
+os.dup2(err, 2)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)
+said.seek(0)
+printed = said.read().decode("utf-8", "replace")
+if printed:  # a real process would print this into each command's output: no run here can stand for one
+    out.write(json.dumps({"import_output": printed}) + "\n")
+    out.flush()
+    sys.exit(1)
+out.write(json.dumps("ready") + "\n")
+out.flush()
 for line in sys.stdin:
     job = json.loads(line)
     pid = os.fork()
@@ -55,6 +77,7 @@ for line in sys.stdin:
             except BaseException:
                 traceback.print_exc()
                 code = 1
+            threading._shutdown()  # as the interpreter ends: non-daemon threads first, then atexit
             atexit._run_exitfuncs()
         finally:
             try:
@@ -76,6 +99,12 @@ class Forker:
         self.proc = subprocess.Popen([sys.executable, "-c", _SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      text=True, env=env)
         self.lock = threading.Lock()
+        first = json.loads(self.proc.stdout.readline() or "null")
+        if first != "ready":
+            self.proc.wait(timeout=60)
+            self.proc.stdin.close()
+            self.proc.stdout.close()
+            raise RuntimeError(f"the forking server did not start cleanly: {first!r}")
 
     def run(self, argv: list[str], cwd: Path, env: dict[str, str], stderr: Path, stdout: Path,
             timeout: int = 240) -> int:
@@ -93,3 +122,4 @@ class Forker:
     def close(self) -> None:
         self.proc.stdin.close()
         self.proc.wait(timeout=60)
+        self.proc.stdout.close()

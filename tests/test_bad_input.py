@@ -432,7 +432,7 @@ def _run_case(case: Case, d: Path, run: Path, cache: Path, forker: Forker) -> Ou
     env = {**os.environ, "SCRATCHLM_CACHE": str(cache)}  # warnings shown: they would be more stderr lines
     err = d.with_name(d.name + ".stderr")  # beside the case's folder, not in it
     code = forker.run([*(["--debug"] if case.debug else []), *argv], d, env, err, d.with_name(d.name + ".stdout"))
-    return Outcome(code, err.read_text(errors="replace"), before, tree_hashes(d))
+    return Outcome(code, err.read_text(encoding="utf-8"), before, tree_hashes(d))  # strict, as text=True was
 
 
 # The default tier runs the torch-free prepare cases and two of every other command; the slow

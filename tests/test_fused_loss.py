@@ -151,11 +151,16 @@ def test_the_fused_path_is_taken_from_the_threshold_on(threshold, fused, monkeyp
 
 
 def test_the_default_threshold_sends_characters_plain_and_bpe_fused():
-    """The rule as documented: the character preset's micro-batch (12 x 64 x 67 scores) on the
-    plain path, the smoke shape (8 x 256 x 50304) and an 8192-token BPE batch on the fused one."""
+    """The rule as documented: the shakespeare-char preset's micro-batch, with any vocabulary of
+    up to 256 characters, on the plain path; the smoke preset's with an 8192-token BPE
+    vocabulary, and the smoke shape with GPT-2's, on the fused one."""
     from scratchlm.model import FUSED_LOSS_MIN_SCORES
+    from scratchlm.train import config_from_preset
 
-    assert 12 * 64 * 67 < FUSED_LOSS_MIN_SCORES <= 4 * 256 * 8192 <= 8 * 256 * 50304
+    char, smoke = config_from_preset("shakespeare-char"), config_from_preset("smoke")
+    assert char.batch_size * char.model_config(256).block_size * 256 < FUSED_LOSS_MIN_SCORES
+    assert smoke.batch_size * smoke.model_config(8192).block_size * 8192 >= FUSED_LOSS_MIN_SCORES
+    assert 8 * 256 * 50304 >= FUSED_LOSS_MIN_SCORES
 
 
 def test_loss_only_needs_targets():

@@ -433,6 +433,7 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
 
     from scratchlm.checkpoint import latest_checkpoint
     from scratchlm.runlock import RunLock
+    from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary, describe
 
     run = tmp_path / "live"
@@ -442,6 +443,9 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
     with RunLock(run):
         assert describe(entry)["training"] is True
         assert describe(RunLibrary(checkpoint=run).entries()[0])["training"] is True
+        with Served(RunLibrary(checkpoint=latest_checkpoint(run)), Limits()) as served:
+            status, answer = request(served.port, "GET", f"/api/training?run={entry.name}&since=0")
+        assert status == 200 and answer["training"] is True and answer["records"]
 
 
 # ------------------------------------------------------------------------------ load

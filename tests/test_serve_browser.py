@@ -322,7 +322,7 @@ def test_an_empty_runs_folder_says_what_to_do_and_a_new_run_appears(browser, run
         page = context.new_page()
         page.goto(f"http://127.0.0.1:{served.port}/")
         page.wait_for_function("window.playground && window.playground.ready === true")
-        assert "no runs here yet" in page.inner_text("#page-error")
+        assert "no runs in the served folder yet" in page.inner_text("#page-error")
         assert page.locator("#run option").count() == 0
         shutil.copytree(runs / "mixed", folder / "fresh")
         page.evaluate("window.dispatchEvent(new Event('focus'))")

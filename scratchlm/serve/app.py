@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
-import torch
 
 from scratchlm.errors import UserError
 from scratchlm.serve.library import RunLibrary, UnknownRun, describe
@@ -180,7 +180,7 @@ class Playground:
             "params": sum(p.numel() for p in loaded.model.parameters()),
             "limits": {"max_new_tokens": limits.max_new_tokens, "prompt_chars": limits.prompt_chars,
                        "attention_tokens": limits.attention_tokens},
-            "threads": torch.get_num_threads(),
+            "threads": await self.on_model_thread(torch.get_num_threads),  # as the thread that decodes sees it
         })
 
     async def generate(self, request: Request) -> Response:

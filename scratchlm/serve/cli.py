@@ -82,13 +82,12 @@ def _run_serve(args) -> int:
 
 
 def _serve(args, sock: socket.socket) -> int:
+    import torch
     import uvicorn
 
     from scratchlm.devices import pick_device
     from scratchlm.serve.app import Limits, create_app
     from scratchlm.serve.library import RunLibrary
-
-    import torch
 
     # On a CPU, a model thread team as wide as the machine stalls whenever the browser takes a
     # core (each parallel step waits for its descheduled member): on 2 cores, 600 greedy tokens

@@ -24,6 +24,7 @@ function route() {
 
 // A tab has just been shown (or the model changed: runChanged is true): load what it needs.
 function showTab(tab, runChanged) {
+  if (!playground.run) return;  // nothing to show until a run is listed
   if (tab === "attention") attentionShown(runChanged);
   if (tab === "inside") insideShown();
   if (tab === "training") trainingShown(runChanged);
@@ -41,10 +42,14 @@ async function loadRuns() {
     const names = runs.map((r) => (typeof r === "string" ? r : r.name));
     if (!names.length) {
       select.replaceChildren();
-      playground.run = "";
-      playground.runsError = true;
-      showError("page-error", "no runs here yet: train one (scratchlm train --preset shakespeare-char " +
-        "--out_dir runs/baby) and it will appear in the picker");
+      if (playground.run) {  // the last run went away: nothing of it stays on show
+        playground.run = "";
+        playground.inside = null;
+        resetTraining();
+        clearAttention();
+      }
+      runsError("no runs in the served folder yet: train one into it (scratchlm train --preset " +
+        "shakespeare-char --out_dir FOLDER/baby) and it will appear in the picker");
       return;
     }
     const options = runs.map(runOption);
@@ -52,16 +57,22 @@ async function loadRuns() {
     if (shown !== options.map((o) => o.value + "|" + o.textContent).join("\n")) select.replaceChildren(...options);
     const wanted = playground.run || (!Array.isArray(data) && data.default) || names[0];
     select.value = names.includes(wanted) ? wanted : names[0];
-    if (playground.runsError) showError("page-error", "");  // only the line this function wrote
-    playground.runsError = false;
+    runsError("");
     if (select.value !== playground.run) {
       playground.run = select.value;
       if (playground.ready) runChanged();  // a first run appeared, or the one shown went: show the one chosen
     }
   } catch (err) {
-    playground.runsError = true;
-    showError("page-error", "could not list the models: " + err.message);
+    runsError("could not list the models: " + err.message);
   }
+}
+
+// Show (or, with "", take back) the picker's own line in #page-error; a line something else
+// wrote there since stays.
+function runsError(message) {
+  const ours = playground.runsError && $("#page-error").textContent === "Error: " + playground.runsError;
+  playground.runsError = message;
+  if (message || ours) showError("page-error", message);
 }
 
 const RUNS_EVERY_MS = 10000;

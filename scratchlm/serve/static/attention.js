@@ -35,28 +35,37 @@ function attentionShown(runChanged) {
 }
 
 function clearAttention() {
+  attentionTicket += 1;  // an answer still on its way is for what was cleared
+  $("#att-go").disabled = false;
+  $("#att-status").textContent = "";
   playground.attention = null;
   for (const id of ["#att-tokens", "#att-legend", "#att-maps", "#att-focus"]) $(id).replaceChildren();
   $("#att-focus").hidden = true;
 }
 
-// #att-go: POST /api/attention and draw every map.
+// #att-go: POST /api/attention and draw every map. Only the newest request draws: one made
+// before the model changed (or before another click) is dropped when it answers.
+let attentionTicket = 0;
+
 async function loadAttention() {
   showError("att-error", "");
   const text = $("#att-text").value;
   if (!text.trim()) return showError("att-error", "write some text first");
+  const ticket = ++attentionTicket;
   $("#att-go").disabled = true;
   $("#att-status").textContent = "computing…";
   try {
     const data = await fetchJSON("/api/attention", postJSON({ run: playground.run, text }));
+    if (ticket !== attentionTicket) return;
     playground.attention = data;
     drawAttention(data);
     $("#att-status").textContent = `${data.ids.length} tokens, ${data.n_layer} layers × ${data.n_head} heads`;
   } catch (err) {
+    if (ticket !== attentionTicket) return;
     $("#att-status").textContent = "";
     showError("att-error", err.message);
   } finally {
-    $("#att-go").disabled = false;
+    if (ticket === attentionTicket) $("#att-go").disabled = false;
   }
 }
 

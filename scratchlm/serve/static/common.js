@@ -7,6 +7,7 @@
 // Everything the page knows, in one place (tests read it too).
 const playground = {
   run: "",            // the selected run (model); "" until the runs are listed
+  runsError: "",      // the line the model picker last wrote in #page-error, if any
   tab: "generate",    // the tab shown
   tokens: [],         // the token events of the last generation
   done: null,         // its done event
