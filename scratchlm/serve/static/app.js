@@ -96,6 +96,7 @@ function runChanged() {
 // ---------------------------------------------------------------- start
 
 function wire() {
+  wireOutput();
   $("#go").addEventListener("click", startGeneration);
   $("#stop").addEventListener("click", () => gen.controller && gen.controller.abort());
   $("#prompt").addEventListener("keydown", (event) => {

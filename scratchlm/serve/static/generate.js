@@ -160,9 +160,6 @@ function addToken(token) {
   if (token.text.includes("\n")) span.classList.add("newline");
   if (token.text === "") span.classList.add("partial");
   span.style.backgroundColor = pColour(token.p);
-  span.addEventListener("mouseenter", () => showAlts(span, false));
-  span.addEventListener("mouseleave", () => { if (!$("#alts").dataset.pinned) hideAlts(); });
-  span.addEventListener("click", (event) => { event.stopPropagation(); showAlts(span, true); });
   gen.pending.append(span);
   if (gen.flushTimer === null) gen.flushTimer = setTimeout(flushTokens, FLUSH_MS);
 }
@@ -219,6 +216,27 @@ function failGeneration(message) {
   flushTokens();
   setStatus("error", "failed");
   showError("gen-error", message);
+}
+
+// Pointing at, leaving and clicking token spans: one listener each on #output for all of them
+// (a stream adds hundreds of spans; none needs listeners of its own).
+function wireOutput() {
+  const output = $("#output");
+  const tokenOf = (event) => event.target.closest && event.target.closest("#output .tok");
+  output.addEventListener("mouseover", (event) => {
+    const span = tokenOf(event);
+    if (span) showAlts(span, false);
+  });
+  output.addEventListener("mouseout", (event) => {
+    const span = tokenOf(event);
+    if (span && !span.contains(event.relatedTarget) && !$("#alts").dataset.pinned) hideAlts();
+  });
+  output.addEventListener("click", (event) => {
+    const span = tokenOf(event);
+    if (!span) return;
+    event.stopPropagation();  // the page's own click handler would close the popup again
+    showAlts(span, true);
+  });
 }
 
 // The popup #alts for one token: its label and p, then the five most likely tokens.
