@@ -114,7 +114,7 @@ def open_page(page, url: str) -> None:
     page.check("#greedy")
 
 
-def time_browser(page, url: str) -> tuple[float, str, dict[str, Any]]:
+def time_browser(page) -> tuple[float, str, dict[str, Any]]:
     """(tokens per second by the page's clock, the text shown, the status attributes) of one
     press of Generate on the page already open (open_page), as a person generates again."""
     page.click("#go")
@@ -141,13 +141,13 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 browser = p.chromium.launch(executable_path=browser_path, args=CHROMIUM_ARGS)
                 page = browser.new_page()
                 open_page(page, url)
-                time_browser(page, url)  # warm up every side: model load, page scripts
+                time_browser(page)  # warm up every side: model load, page scripts
                 time_generate(run_dir)
                 ours, seen, plain, statuses = [], [], [], []
                 for _ in range(repeats):
                     rate, text = time_generate(run_dir)
                     ours.append(rate)
-                    rate, shown, status = time_browser(page, url)
+                    rate, shown, status = time_browser(page)
                     seen.append(rate)
                     statuses.append(status)
                     rate, read = time_http(url)

@@ -29,8 +29,7 @@ from scratchlm.fused_loss import linear_cross_entropy
 
 # The chunked head + loss pays where the (rows, V) scores are large. Below about a million scores
 # per forward (4 MiB of float32: the character vocabulary of English text at the baby shape) the
-# plain path is faster and small enough: at 768 rows, fused vs plain forward + backward took 1.13 vs 0.51 ms at V = 67, 3.5 vs
-# 3.1 ms at V = 512, 10.9 vs 13.0 ms at V = 2048 (2 cores, one sitting).
+# plain path is faster and small enough (figures: benchmarks/measurements.md).
 FUSED_LOSS_MIN_SCORES = 1 << 20
 
 

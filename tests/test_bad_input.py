@@ -20,8 +20,6 @@ import os
 import queue
 import random
 import shutil
-import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path

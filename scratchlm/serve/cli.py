@@ -90,9 +90,8 @@ def _serve(args, sock: socket.socket) -> int:
     from scratchlm.serve.library import RunLibrary
 
     # On a CPU, a model thread team as wide as the machine stalls whenever the browser takes a
-    # core (each parallel step waits for its descheduled member): on 2 cores, 600 greedy tokens
-    # of the baby model reached the page at 0.71x `scratchlm generate`'s pace with 2 threads
-    # and 0.96x with 1 (benchmarks/bench_serve.py).
+    # core (each parallel step waits for its descheduled member); leaving the browser a core
+    # measured better on 2 cores (figures: benchmarks/measurements.md).
     torch.set_num_threads(args.threads or max(1, torch.get_num_threads() - 1))
     device = str(pick_device(args.device, allow_mps=False))
     if args.checkpoint is not None:
