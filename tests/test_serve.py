@@ -210,6 +210,43 @@ def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
     assert not_top > 0  # the comparison covered tokens sampled below the top
 
 
+class _Chars:
+    """A tokenizer whose pieces are awkward for hand-written JSON: quotes, a backslash, a newline."""
+
+    pieces = ['"', "\\", "\n", "é", "a", "</script>"]
+
+    def decode(self, ids):
+        return "".join(self.pieces[i] for i in ids)
+
+
+def test_a_token_events_json_text_parses_to_the_softmax_with_ties_by_lower_id():
+    """token_sse writes its JSON by hand: json.loads must read it back, the probabilities must be
+    NumPy's float64 softmax, and equal scores list the lower id first."""
+    from scratchlm.serve.labels import Labels
+    from scratchlm.serve.streams import token_sse
+
+    logits = torch.tensor([0.5, 2.0, 2.0, -1.0, 2.0, 0.0])  # ids 1, 2, 4 tie at the top
+    text = token_sse(Labels(_Chars()), 3, 4, 'x"\\y\n', logits)
+    assert text.startswith("event: token\ndata: ") and text.endswith("\n\n") and text.count("\n") == 3
+    data = json.loads(text[len("event: token\ndata: "):])
+    z = np.array([0.5, 2.0, 2.0, -1.0, 2.0, 0.0])
+    probs = np.exp(z - z.max()) / np.exp(z - z.max()).sum()
+    assert (data["index"], data["id"], data["text"]) == (3, 4, 'x"\\y\n')
+    assert data["label"] == "a" and data["p"] == pytest.approx(probs[4], abs=1e-12)
+    assert [t["id"] for t in data["top"]] == [1, 2, 4, 0, 5]
+    assert [t["label"] for t in data["top"]] == ["\\", "\u21b5", "a", '"', "</script>"]  # ↵: a newline shown
+    assert [t["p"] for t in data["top"]] == pytest.approx(probs[[1, 2, 4, 0, 5]].tolist(), abs=1e-12)
+
+
+def test_a_token_event_of_scores_that_are_all_minus_infinity_is_still_json():
+    from scratchlm.serve.labels import Labels
+    from scratchlm.serve.streams import token_sse
+
+    text = token_sse(Labels(_Chars()), 0, 0, "", torch.full((6,), float("-inf")))
+    data = json.loads(text.split("data: ", 1)[1])  # the browser's JSON.parse takes no NaN
+    assert data["p"] is None and all(t["p"] is None for t in data["top"])
+
+
 def test_a_prompt_the_tokenizer_cannot_encode_ends_in_one_error_event(served):
     events = generate_events(served.port, {"run": "mixed", "prompt": "Ωmega", "max_new_tokens": 5})
     assert [e for e, _ in events] == ["error"] and "'Ω'" in events[0][1]["message"]

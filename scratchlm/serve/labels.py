@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 
@@ -23,12 +24,13 @@ def id_label(tokenizer: Any, token: int) -> str:
 
 
 class Labels(dict):
-    """id -> id_label, each computed once per model (a stream asks for six labels a token)."""
+    """id -> id_label as a JSON string literal, each made once per model (a token event carries
+    six labels, and the event is written as JSON text around them)."""
 
     def __init__(self, tokenizer: Any):
         super().__init__()
         self.tokenizer = tokenizer
 
     def __missing__(self, token: int) -> str:
-        self[token] = label = id_label(self.tokenizer, token)
-        return label
+        self[token] = literal = json.dumps(id_label(self.tokenizer, token), ensure_ascii=False)
+        return literal

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import queue
 import threading
 import time
@@ -32,7 +33,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 
 from scratchlm.serve.labels import Labels
@@ -57,18 +57,22 @@ class GenerateRequest:
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, min_p, ...
 
 
-def token_event(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> dict[str, Any]:
-    # NumPy in float64: at a small vocabulary a handful of torch calls would cost more than the step
-    z = logits.detach().cpu().double().numpy()  # (V,)
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()  # the model's own distribution, softmax of the raw scores
-    k = min(TOP_ALTERNATIVES, probs.size)
-    top = np.argpartition(-probs, k - 1)[:k]
-    top = top[np.argsort(-probs[top], kind="stable")]
-    return {
-        "index": index, "id": token, "label": labels[token], "text": text, "p": float(probs[token]),
-        "top": [{"id": int(i), "label": labels[int(i)], "p": float(probs[i])} for i in top],
-    }
+def token_sse(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> str:
+    """The token event as SSE text. Written as JSON text around the labels' cached literals, with
+    torch's softmax and top-k: dicts, json.dumps and a dozen NumPy calls cost about twice as much,
+    and at a small model every token pays it on the model's thread (measurements.md)."""
+    probs = torch.softmax(logits.detach().double(), -1)  # the model's own distribution, of the raw scores
+    top_p, top_ids = probs.topk(min(TOP_ALTERNATIVES, probs.numel()))
+    top = sorted(zip(top_p.tolist(), top_ids.tolist()), key=lambda pi: (-pi[0], pi[1]))  # ties: lower id first
+    alternatives = ",".join(f'{{"id":{i},"label":{labels[i]},"p":{_number(p)}}}' for p, i in top)
+    return (f'event: token\ndata: {{"index":{index},"id":{token},"label":{labels[token]},'
+            f'"text":{json.dumps(text, ensure_ascii=False)},"p":{_number(float(probs[token]))},'
+            f'"top":[{alternatives}]}}\n\n')
+
+
+def _number(x: float) -> str:
+    """x as JSON: repr's shortest round-trip digits; null for NaN (scores that were all -inf)."""
+    return repr(x) if math.isfinite(x) else "null"
 
 
 def sse(event: str, data: dict[str, Any]) -> str:
@@ -118,7 +122,7 @@ class GenerationStream:
             self.text.append(step.text)
             self.reason = step.reason or self.reason
             if step.id is not None:
-                self._put(sse("token", token_event(self.loaded.labels, self.index, step.id, step.text, step.logits)))
+                self._put(token_sse(self.loaded.labels, self.index, step.id, step.text, step.logits))
                 self.index += 1
             return True
         except Exception as exc:  # noqa: BLE001 - reported to the page as one line, not a dead stream
