@@ -255,6 +255,13 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
             if who in r:
                 rows.append((f"playground, greedy {r['new_tokens']} tokens, {r['model']}", label,
                              _num(r[who]["best_tok_s"], 0), _num(r[who]["median_tok_s"], 0), "tok/s"))
+        alike = r.get("generate_server_threads")
+        if alike:
+            n = alike["threads"]
+            rows.append((f"playground, greedy {r['new_tokens']} tokens, {r['model']}",
+                         f"`scratchlm generate`'s loop at the server's {n} thread{'' if n == 1 else 's'} "
+                         f"(the browser at {alike['browser_ratio']:.2f}x of it, median of pairs)",
+                         _num(alike["best_tok_s"], 0), _num(alike["median_tok_s"], 0), "tok/s"))
     elif name.startswith("time_to_loss"):
         where = f"time to val loss 1.88, {r.get('threads', '?')} thr" + (", no bf16" if name.endswith("nobf16") else "")
         if "skipped" in r:
