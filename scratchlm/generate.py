@@ -229,6 +229,26 @@ def _live_ranks(beams: torch.Tensor, top_scores: torch.Tensor, origin: torch.Ten
     return keep
 
 
+def _extend_beams(beams: torch.Tensor, scores: torch.Tensor, logp: torch.Tensor, beam_width: int,
+                  eos_id: int | None, finished: list[tuple[list[int], float]]):
+    """One step of beam search: the live beams (W_live, n) with their scores, extended by one
+    token each from logp (W_live, V), become the beam_width best live extensions; those that end
+    at eos_id go to `finished`. Returns (beams, scores, parents: each new beam's old row), with
+    parents None when no live beam is left."""
+    V = logp.shape[-1]
+    candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
+    # with eos up to beam_width candidates may finish: look at twice as many to keep beam_width live
+    k = min(candidates.numel(), beam_width * (2 if eos_id is not None else 1))
+    top_scores, flat = candidates.topk(k)
+    origin, token = flat // V, flat % V
+    keep = _live_ranks(beams, top_scores, origin, token, beam_width, eos_id, finished)
+    if not keep:
+        return beams[:0], scores[:0], None
+    keep_t = torch.tensor(keep, device=beams.device)
+    parents = origin[keep_t]
+    return torch.cat([beams[parents], token[keep_t, None]], dim=1), top_scores[keep_t], parents  # (W_live, n + 1)
+
+
 @torch.inference_mode()
 def beam_search(
     model: GPT | Decoder,
@@ -269,21 +289,9 @@ def beam_search(
         for _ in range(max_new_tokens):
             logits = _next_logits(decoder, beams, cache)
             logp = F.log_softmax(logits[:, :vocab].float(), dim=-1)  # (W_live, V)
-            V = logp.shape[-1]
-            candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
-            # With eos, up to beam_width candidates may finish, so look at twice as many to
-            # still have beam_width live ones.
-            k = min(candidates.numel(), beam_width * (2 if eos_id is not None else 1))
-            top_scores, flat = candidates.topk(k)
-            origin, token = flat // V, flat % V
-            keep = _live_ranks(beams, top_scores, origin, token, beam_width, eos_id, finished)
-            if not keep:
-                beams = beams[:0]
+            beams, scores, parents = _extend_beams(beams, scores, logp, beam_width, eos_id, finished)
+            if parents is None:
                 break
-            keep_t = torch.tensor(keep, device=device)
-            parents = origin[keep_t]
-            beams = torch.cat([beams[parents], token[keep_t, None]], dim=1)  # (W_live, n + 1)
-            scores = top_scores[keep_t]
             if cache is not None:
                 # each surviving beam inherits its parent's keys and values
                 cache.k = cache.k.index_select(1, parents)  # (N, W_live, H, block, hs)

@@ -117,12 +117,25 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
     where no module boundary exists (Q, K, V per head, the raw scores) they are rebuilt from a
     captured tensor: c_attn's output split as CausalSelfAttention.forward splits it.
     """
-    cfg = model.config
     idx = torch.tensor([list(ids)], dtype=torch.long, device=next(model.parameters()).device)  # (1, T)
-    T, C, H = idx.shape[1], cfg.n_embd, cfg.n_head
-    hs = C // H
     out: dict[str, torch.Tensor] = {}
-    hooks = []
+    hooks = _trace_hooks(model, out)
+    weights: list[torch.Tensor] = []
+    try:
+        logits, _ = model(idx, attn_weights=weights)  # a list here switches on the explicit path
+    finally:
+        for h in hooks:
+            h.remove()
+    if "pos" not in out:  # sinusoidal, rope or none: whatever was added to the token embeddings
+        out["pos"] = out["x0"] - out["wte"]
+    _attention_inside(model, out, weights, idx.shape[1])
+    out["logits"] = logits[0]
+    out["probs"] = F.softmax(logits[0], dim=-1)
+    return {key: value.detach().cpu().numpy() for key, value in out.items()}
+
+
+def _trace_hooks(model: GPT, out: dict[str, torch.Tensor]) -> list:
+    """Forward hooks that store each module's output (or input) of sequence 0 in `out`."""
 
     def save_output(key):
         return lambda module, args, output: out.__setitem__(key, output[0])
@@ -130,7 +143,7 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
     def save_input(key):
         return lambda module, args: out.__setitem__(key, args[0][0])
 
-    tr = model.transformer
+    tr, hooks = model.transformer, []
     hooks.append(tr.wte.register_forward_hook(save_output("wte")))
     if "wpe" in tr:
         hooks.append(tr.wpe.register_forward_hook(lambda m, a, o: out.__setitem__("pos", o)))
@@ -142,7 +155,7 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
         hooks.append(block.attn.c_proj.register_forward_pre_hook(save_input(p + "concat")))
         hooks.append(block.attn.register_forward_hook(save_output(p + "attn_out")))
         # pre-norm: ln_2 reads x + attn; post-norm: ln_1 does
-        first_norm_after_attn = block.ln_2 if cfg.norm_position == "pre" else block.ln_1
+        first_norm_after_attn = block.ln_2 if model.config.norm_position == "pre" else block.ln_1
         hooks.append(first_norm_after_attn.register_forward_pre_hook(save_input(p + "resid_1")))
         hooks.append(block.ln_2.register_forward_hook(save_output(p + "ln_2")))
         hooks.append(block.mlp.c_fc.register_forward_hook(save_output(p + "mlp_pre")))
@@ -150,18 +163,17 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
         hooks.append(block.mlp.register_forward_hook(save_output(p + "mlp_out")))
         hooks.append(block.register_forward_hook(save_output(p + "out")))
     hooks.append(tr.ln_f.register_forward_hook(save_output("ln_f")))
-    weights: list[torch.Tensor] = []
-    try:
-        logits, _ = model(idx, attn_weights=weights)  # a list here switches on the explicit path
-    finally:
-        for h in hooks:
-            h.remove()
+    return hooks
 
-    if "pos" not in out:  # sinusoidal, rope or none: whatever was added to the token embeddings
-        out["pos"] = out["x0"] - out["wte"]
-    rope = None
-    if cfg.pos_embedding == "rope":
-        rope = (model.rope_cos[:T], model.rope_sin[:T])
+
+def _attention_inside(model: GPT, out: dict[str, torch.Tensor], weights: list[torch.Tensor], T: int) -> None:
+    """Per layer, what has no module boundary of its own, into `out`: Q, K, V per head (split
+    from c_attn's output, turned by RoPE where the model uses it), the scores before and after the
+    mask, the model's own attention weights, and each head's output."""
+    cfg = model.config
+    C, H = cfg.n_embd, cfg.n_head
+    hs = C // H
+    rope = (model.rope_cos[:T], model.rope_sin[:T]) if cfg.pos_embedding == "rope" else None
     for i in range(cfg.n_layer):
         p = f"h{i}."
         q, k, v = out.pop(p + "qkv").split(C, dim=-1)  # (T, C) each, as the model splits them
@@ -174,9 +186,6 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
         out[p + "masked_scores"] = out[p + "scores"].masked_fill(~out[p + "mask"], float("-inf"))
         out[p + "weights"] = weights[i][0]  # (H, T, T), from the model's own softmax
         out[p + "heads"] = out[p + "concat"].view(T, H, hs).transpose(0, 1)  # (H, T, hs)
-    out["logits"] = logits[0]
-    out["probs"] = F.softmax(logits[0], dim=-1)
-    return {key: value.detach().cpu().numpy() for key, value in out.items()}
 
 
 @dataclass
