@@ -8,14 +8,15 @@ A short `shakespeare-char` run (30 steps on the built-in corpus) gives the model
     once, types the prompt, ticks greedy, and presses Generate once per turn; the page's own
     clock (performance.now) times the first token event to the done event, and the page reports
     the tokens it received.
-  - http: the same request read by a plain HTTP client (the server's own pace, no browser);
   - generate again at the server's torch threads: the like-for-like pace, which says how much of
-    the gap is the streaming and how much the thread the server leaves the browser.
+    the gap is the streaming and how much the thread the server leaves the browser;
+  - http: the same request read by a plain HTTP client (the server's own pace, no browser).
 The server runs as a user starts it, so with its default threads (one fewer than torch takes,
 leaving the browser a core); generate runs with torch's default, as `scratchlm generate` does.
-All decode the same greedy tokens (checked), in turns, `repeats` times each. The goal: the
-median over the turns of browser / generate at >= 0.85 (each browser run against the generate
-run just before it, since this machine's pace drifts).
+All decode the same greedy tokens (checked), in turns (generate, browser, generate at the
+server's threads, http), `repeats` times each. The goal: the median over the turns of browser /
+generate at >= 0.85 (each browser run against the generate run just before it, since this
+machine's pace drifts; against the server's threads, the run just after it).
 
     python -m benchmarks.bench_serve --repeats 3
 
@@ -154,6 +155,7 @@ def run(repeats: int = 3) -> dict[str, Any]:
                 open_page(page, url)
                 time_browser(page)  # warm up every side: model load, page scripts
                 time_generate(run_dir)
+                time_generate(run_dir, server_threads)
                 ours, seen, plain, alike, statuses = [], [], [], [], []
                 for _ in range(repeats):
                     rate, text = time_generate(run_dir)
@@ -161,17 +163,18 @@ def run(repeats: int = 3) -> dict[str, Any]:
                     rate, shown, status = time_browser(page)
                     seen.append(rate)
                     statuses.append(status)
-                    rate, read = time_http(url)
-                    plain.append(rate)
                     rate, same = time_generate(run_dir, server_threads)
                     alike.append(rate)
+                    rate, read = time_http(url)
+                    plain.append(rate)
                     if shown != text or read != text or same != text:
                         raise RuntimeError("the page, the HTTP reader or generate at the server's threads got other text")
                 browser.close()
         finally:
             server.terminate()
             server.wait(10)
-    # each browser run against the generate run just before it: the machine's pace drifts
+    # each browser run against the generate runs beside it (default threads just before, the
+    # server's just after): the machine's pace drifts
     ratio = statistics.median(b / g for b, g in zip(seen, ours))
     return {
         "prompt": PROMPT, "new_tokens": NEW_TOKENS, "model": "shakespeare-char (30 steps)",

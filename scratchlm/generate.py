@@ -229,12 +229,12 @@ def _live_ranks(beams: torch.Tensor, top_scores: torch.Tensor, origin: torch.Ten
     return keep
 
 
-def _extend_beams(beams: torch.Tensor, scores: torch.Tensor, logp: torch.Tensor, beam_width: int,
-                  eos_id: int | None, finished: list[tuple[list[int], float]]):
+def _extend_beams(beams: torch.Tensor, scores: torch.Tensor, logp: torch.Tensor, beam_width: int, eos_id: int | None,
+                  finished: list[tuple[list[int], float]]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """One step of beam search: the live beams (W_live, n) with their scores, extended by one
-    token each from logp (W_live, V), become the beam_width best live extensions; those that end
-    at eos_id go to `finished`. Returns (beams, scores, parents: each new beam's old row), with
-    parents None when no live beam is left."""
+    token each from logp (W_live, V), become the beam_width best live extensions; ranked
+    extensions that end at eos_id go to `finished` (see _live_ranks). Returns (beams, scores,
+    parents: each new beam's old row), with parents None when no live beam is left."""
     V = logp.shape[-1]
     candidates = (scores[:, None] + logp).view(-1)  # (W_live * V,) every one-token extension
     # with eos up to beam_width candidates may finish: look at twice as many to keep beam_width live

@@ -12,6 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.utils.hooks import RemovableHandle
 
 from scratchlm.config import GPTConfig
 from scratchlm.model import GPT, apply_rope
@@ -134,7 +135,7 @@ def torch_trace(model: GPT, ids: Sequence[int]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy() for key, value in out.items()}
 
 
-def _trace_hooks(model: GPT, out: dict[str, torch.Tensor]) -> list:
+def _trace_hooks(model: GPT, out: dict[str, torch.Tensor]) -> list[RemovableHandle]:
     """Forward hooks that store each module's output (or input) of sequence 0 in `out`."""
 
     def save_output(key):
@@ -182,7 +183,7 @@ def _attention_inside(model: GPT, out: dict[str, torch.Tensor], weights: list[to
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
         out[p + "q"], out[p + "k"], out[p + "v"] = q, k, v
         out[p + "scores"] = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (H, T, T), before the mask
-        out[p + "mask"] = torch.ones(T, T, dtype=torch.bool).tril()
+        out[p + "mask"] = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
         out[p + "masked_scores"] = out[p + "scores"].masked_fill(~out[p + "mask"], float("-inf"))
         out[p + "weights"] = weights[i][0]  # (H, T, T), from the model's own softmax
         out[p + "heads"] = out[p + "concat"].view(T, H, hs).transpose(0, 1)  # (H, T, hs)

@@ -211,9 +211,10 @@ def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
 
 
 class _Chars:
-    """A tokenizer whose pieces are awkward for hand-written JSON: quotes, a backslash, a newline."""
+    """A tokenizer whose pieces are awkward for hand-written JSON: a quote, a backslash, a newline,
+    a non-ASCII letter, a closing script tag; and plain letters after them."""
 
-    pieces = ['"', "\\", "\n", "é", "a", "</script>"]
+    pieces = ['"', "\\", "\n", "é", "a", "</script>", "b", "c", "d", "e"]
 
     def decode(self, ids):
         return "".join(self.pieces[i] for i in ids)
@@ -221,7 +222,7 @@ class _Chars:
 
 def test_a_token_events_json_text_parses_to_the_softmax_with_ties_by_lower_id():
     """token_sse writes its JSON by hand: json.loads must read it back, the probabilities must be
-    NumPy's float64 softmax, and equal scores list the lower id first."""
+    NumPy's float64 softmax, and equal scores inside the top 5 list the lower id first."""
     from scratchlm.serve.labels import Labels
     from scratchlm.serve.streams import token_sse
 
@@ -238,13 +239,30 @@ def test_a_token_events_json_text_parses_to_the_softmax_with_ties_by_lower_id():
     assert [t["p"] for t in data["top"]] == pytest.approx(probs[[1, 2, 4, 0, 5]].tolist(), abs=1e-12)
 
 
-def test_a_token_event_of_scores_that_are_all_minus_infinity_is_still_json():
+@pytest.mark.parametrize("scores, expected", [
+    ([0.0] * 10, [0, 1, 2, 3, 4]),  # all equal: the five lowest ids, whatever topk picks
+    ([1.0, 3, 3, 3, 3, 3, 3, 0, -1, -2], [1, 2, 3, 4, 5]),  # six tie for the first place
+    ([3.0, 1, 2, 2, 2, 2, 2, 2, 0, 5], [9, 0, 2, 3, 4]),  # seven tie across the fifth place
+])
+def test_ties_across_the_fifth_place_go_to_the_lower_ids(scores, expected):
     from scratchlm.serve.labels import Labels
     from scratchlm.serve.streams import token_sse
 
-    text = token_sse(Labels(_Chars()), 0, 0, "", torch.full((6,), float("-inf")))
+    text = token_sse(Labels(_Chars()), 0, 0, "", torch.tensor(scores))
+    assert [t["id"] for t in json.loads(text.split("data: ", 1)[1])["top"]] == expected
+
+
+@pytest.mark.parametrize("bad", ["all -inf", "a nan", "a +inf"])
+def test_a_token_event_of_scores_with_no_probabilities_is_still_json(bad):
+    from scratchlm.serve.labels import Labels
+    from scratchlm.serve.streams import token_sse
+
+    scores = torch.full((10,), float("-inf")) if bad == "all -inf" else torch.arange(10.0)
+    if bad != "all -inf":
+        scores[3] = float(bad.split()[1])
+    text = token_sse(Labels(_Chars()), 0, 0, "", scores)
     data = json.loads(text.split("data: ", 1)[1])  # the browser's JSON.parse takes no NaN
-    assert data["p"] is None and all(t["p"] is None for t in data["top"])
+    assert data["p"] is None and len(data["top"]) == 5 and all(t["p"] is None for t in data["top"])
 
 
 def test_a_prompt_the_tokenizer_cannot_encode_ends_in_one_error_event(served):

@@ -45,7 +45,7 @@ class Loaded:
     model: Any
     tokenizer: Any
     info: dict[str, Any]
-    labels: Any = None  # labels.Labels: each token's label, computed once
+    labels: Any = None  # labels.Labels: each token's label as a JSON literal, made once
 
     def __post_init__(self):
         from scratchlm.serve.labels import Labels

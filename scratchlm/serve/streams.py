@@ -15,7 +15,9 @@ Events (each `event: NAME` and `data: JSON`):
   start  {"prompt_ids", "cropped", "seed"}
   token  {"index", "id", "label", "text", "p", "top": [{"id", "label", "p"}, ...]}
          p and top are the model's own softmax of the step's raw scores (before temperature or
-         any filter), so they say how sure the model was, whatever the sampling settings.
+         any filter), so they say how sure the model was, whatever the sampling settings; top is
+         the likeliest first, equal ones by lower id. p is null where the scores held a NaN or
+         an infinity (no probability exists then).
   done   {"reason", "tokens", "seconds", "text", "logprob"}   reason: length | eos | stop | stopped
   error  {"message"}
 """
@@ -58,20 +60,36 @@ class GenerateRequest:
 
 
 def token_sse(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> str:
-    """The token event as SSE text. Written as JSON text around the labels' cached literals, with
-    torch's softmax and top-k: dicts, json.dumps and a dozen NumPy calls cost about twice as much,
-    and at a small model every token pays it on the model's thread (measurements.md)."""
+    """The token event as SSE text, for logits (V,) the step's raw scores. Written as JSON text
+    around the labels' cached literals, with torch's softmax and top-k: dicts, json.dumps and a
+    dozen NumPy calls cost about twice as much, and at a small model every token pays it on the
+    model's thread (measurements.md)."""
     probs = torch.softmax(logits.detach().double(), -1)  # the model's own distribution, of the raw scores
-    top_p, top_ids = probs.topk(min(TOP_ALTERNATIVES, probs.numel()))
-    top = sorted(zip(top_p.tolist(), top_ids.tolist()), key=lambda pi: (-pi[0], pi[1]))  # ties: lower id first
+    top = _likeliest(probs, TOP_ALTERNATIVES)
     alternatives = ",".join(f'{{"id":{i},"label":{labels[i]},"p":{_number(p)}}}' for p, i in top)
     return (f'event: token\ndata: {{"index":{index},"id":{token},"label":{labels[token]},'
             f'"text":{json.dumps(text, ensure_ascii=False)},"p":{_number(float(probs[token]))},'
             f'"top":[{alternatives}]}}\n\n')
 
 
+def _likeliest(probs: torch.Tensor, k: int) -> list[tuple[float, int]]:
+    """The k likeliest of probs (V,) as (p, id), likeliest first and equal ones by lower id.
+    topk picks among ties at the k-th place as it likes, so when the (k+1)-th equals the k-th,
+    every id as likely as the k-th is a candidate, ranked by a stable sort in id order."""
+    top_p, top_ids = probs.topk(min(k + 1, probs.numel()))
+    ps, ids = top_p.tolist(), top_ids.tolist()
+    if len(ps) > k and not ps[k - 1] > ps[k]:  # a tie across the k-th place, or NaN
+        candidates = torch.nonzero(probs >= ps[k - 1]).squeeze(1)  # ascending ids; none when NaN
+        if candidates.numel() >= k:
+            values = probs[candidates]
+            order = torch.sort(values, descending=True, stable=True).indices[:k]
+            return list(zip(values[order].tolist(), candidates[order].tolist()))
+    return sorted(zip(ps[:k], ids[:k]), key=lambda pi: (-pi[0], pi[1]))
+
+
 def _number(x: float) -> str:
-    """x as JSON: repr's shortest round-trip digits; null for NaN (scores that were all -inf)."""
+    """x as JSON: repr's shortest round-trip digits; null for NaN, which every probability is
+    when a score was NaN or +inf, or all were -inf (JSON has no NaN)."""
     return repr(x) if math.isfinite(x) else "null"
 
 

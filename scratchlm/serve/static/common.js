@@ -32,8 +32,8 @@ function el(tag, attrs = {}, ...children) {
 
 // A whole number with thousands separators: 12345 -> "12,345".
 const fmtInt = (n) => Math.round(n).toLocaleString("en-US");
-// A probability as a percentage with two decimals: 0.12345 -> "12.35%".
-const fmtPct = (p) => (100 * p).toFixed(2) + "%";
+// A probability as a percentage with two decimals: 0.12345 -> "12.35%"; none (null) -> "–".
+const fmtPct = (p) => (p === null || p === undefined ? "–" : (100 * p).toFixed(2) + "%");
 
 // Show (or, with an empty message, hide) the red error line with this id.
 function showError(id, message) {

@@ -139,8 +139,10 @@ function onGenerateEvent(name, data) {
   return false;
 }
 
-// Background colour of a token by its probability p: orange when unlikely, clear when likely.
+// Background colour of a token by its probability p: orange when unlikely, clear when likely;
+// grey when there is none (null: the scores held a NaN or an infinity).
 function pColour(p) {
+  if (p === null || p === undefined) return "rgba(160, 164, 171, 0.35)";
   const alpha = 0.8 * Math.pow(1 - Math.min(Math.max(p, 0), 1), 1.5);
   return `rgba(245, 140, 40, ${alpha.toFixed(3)})`;
 }
