@@ -17,8 +17,9 @@ recomputed, which is what the plain loop does anyway.
 
 Beam search keeps the `beam_width` most probable partial sequences instead of one.
 
-The pieces live in three modules, imported one way (generate -> decoding -> kernels):
-scratchlm.sampling chooses each token from the scores (pure functions), scratchlm.decoding owns
+The pieces live in four modules, imported one way (generate -> decoding -> kernels):
+scratchlm.sampling chooses each token from the scores (pure functions), scratchlm.text_rows turns
+each sample's ids into text (stop strings, printable pieces), scratchlm.decoding owns
 the decoding copy of a model that computes them fast on a CPU (and its compiled step), and this
 module runs the loops: plain, cached, beam, and the text-level `generate` and `stream`. Greedy
 decoding runs up to GREEDY_CHUNK compiled steps per call.
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from numbers import Integral
 
@@ -39,7 +40,8 @@ from scratchlm.decoding import Decoder, decoder_for
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.memory import check_generation_fits
 from scratchlm.model import GPT, KVCache, eval_mode
-from scratchlm.sampling import SamplingOptions, check_max_new_tokens, choose_next, make_generator
+from scratchlm.sampling import SamplingOptions, check_max_new_tokens, check_seed, choose_next, make_generator
+from scratchlm.text_rows import IncrementalText, _Row
 
 
 GREEDY_CHUNK = 8
@@ -195,6 +197,10 @@ def generate_ids(model: GPT | Decoder, idx: torch.Tensor, *, max_new_tokens: int
 # --------------------------------------------------------------------------------------------
 
 
+class Stopped(Exception):
+    """A search abandoned because its caller's should_stop said so (a reader went away)."""
+
+
 def _length_normalised(logprob: float, n_tokens: int, length_penalty: float) -> float:
     # Dividing by length^alpha stops the sum of (negative) log-probabilities from always
     # preferring short sequences; alpha = 0 ranks by the raw sum.
@@ -262,6 +268,7 @@ def beam_search(
     use_cache: bool = True,
     dtype: torch.dtype | str | None = None,
     vocab: int | None = None,
+    should_stop: Callable[[], bool] | None = None,
 ) -> list[tuple[list[int], float]]:
     """Keep the `beam_width` most probable continuations at every step; return the `n_best`.
 
@@ -271,11 +278,13 @@ def beam_search(
     are ranked by logprob / n_new^length_penalty. Finished beams (ended at eos_id) leave the
     search; the others run for max_new_tokens steps. A beam as wide as the number of possible
     continuations prunes nothing and is an exhaustive search. vocab=N: only ids below N extend a
-    beam (see iter_tokens).
+    beam (see iter_tokens). should_stop, asked before each step: True abandons the search (Stopped).
     """
     check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
+    if not -1e6 < length_penalty < 1e6:  # NaN and infinities too: they would rank nothing
+        raise ConfigError("length_penalty", f"must be a finite number, got {length_penalty!r}")
     idx = _one_prompt(idx)
     decoder = decoder_for(model, max_new_tokens, dtype)
     device, dtype = decoder.device_dtype
@@ -287,6 +296,8 @@ def beam_search(
     cache = KVCache(decoder.model.config, 1, device=device, dtype=dtype) if use_cache else None
     with eval_mode(decoder.model):
         for _ in range(max_new_tokens):
+            if should_stop is not None and should_stop():
+                raise Stopped("the beam search was stopped")
             logits = _next_logits(decoder, beams, cache)
             logp = F.log_softmax(logits[:, :vocab].float(), dim=-1)  # (W_live, V)
             beams, scores, parents = _extend_beams(beams, scores, logp, beam_width, eos_id, finished)
@@ -320,80 +331,6 @@ class GenerationResult:
     prompt_ids: list[int] = field(default_factory=list)  # as encoded, before any cropping
     prompt_cropped: bool = False  # the prompt was longer than the context; the model saw its tail
     logprobs: list[float] | None = None  # beam search: each sample's log-probability
-
-
-def _ends_inside(text: str, stops: Sequence[str]) -> int:
-    """Length of the longest tail of `text` that could still grow into one of `stops`."""
-    longest = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), longest, -1):
-            if s.startswith(text[-k:]):
-                longest = k
-                break
-    return longest
-
-
-class _Row:
-    """One sample's continuation as it grows: its ids, its text, and whether and why it ended."""
-
-    def __init__(self, tokenizer, eos_id: int | None, stops: Sequence[str]):
-        self.tokenizer = tokenizer
-        self.eos_id = eos_id
-        self.stops = list(stops)
-        self.ids: list[int] = []
-        self.reason: str | None = None  # None while running
-        self._text: str | None = ""  # cached decode of self.ids; None when stale
-        self._cut: int | None = None  # where a stop string begins
-
-    def push(self, token: int) -> None:
-        if self.reason is not None:
-            return
-        if self.eos_id is not None and token == self.eos_id:
-            self.reason = "eos"
-            return
-        self.ids.append(token)
-        self._text = None
-        if self.stops:
-            text = self.text
-            hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
-            if hits:
-                # the text ends before the stop string; the ids keep the token that completed it
-                self._cut = min(hits)
-                self.reason = "stop"
-
-    @property
-    def text(self) -> str:
-        if self._text is None:
-            self._text = self.tokenizer.decode(self.ids)
-        return self._text if self._cut is None else self._text[: self._cut]
-
-    def finish(self) -> None:
-        if self.reason is None:
-            self.reason = "length"
-
-
-class IncrementalText:
-    """Turns a growing list of token ids into printable pieces.
-
-    Each call decodes the whole list and hands back only the new part that can no longer change:
-    a trailing U+FFFD (bytes of a multi-byte character still to come) is held back, and so is a
-    tail that may be the start of a stop string. `flush` hands back whatever is left.
-    """
-
-    def __init__(self, stops: Sequence[str] = ()):
-        self.stops = [s for s in stops if s]
-        self.emitted = 0  # characters already handed out
-
-    def piece(self, text: str, final: bool = False) -> str:
-        stable = len(text)
-        if not final:
-            stable = len(text.rstrip("\ufffd"))
-            stable -= _ends_inside(text[:stable], self.stops)
-        if stable <= self.emitted:
-            return ""
-        out = text[self.emitted : stable]
-        self.emitted = stable
-        return out
 
 
 def _encode_prompt(model: GPT, tokenizer, prompt: str) -> tuple[list[int], list[int], bool]:
@@ -452,8 +389,9 @@ def _run_rows(
     yield rows, None, None
 
 
-def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int) -> None:
+def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, seed: int | None) -> None:
     check_max_new_tokens(max_new_tokens)
+    check_seed(seed)
     if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ConfigError("num_samples", f"must be a whole number >= 1, got {num_samples!r}")
     if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
@@ -467,13 +405,14 @@ def _nonempty(stop: Sequence[str] | None) -> list[str]:
 
 
 def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], beams: int, max_new_tokens: int,
-               length_penalty: float, n_best: int, use_cache: bool,
-               dtype: torch.dtype | str | None) -> tuple[list[_Row], list[float]]:
+               length_penalty: float, n_best: int, use_cache: bool, dtype: torch.dtype | str | None,
+               should_stop: Callable[[], bool] | None) -> tuple[list[_Row], list[float]]:
     """The n_best beams of beam_search as finished rows (their text cut at a stop string), and
     their log-probabilities."""
     eos_id = getattr(tokenizer, "eos_id", None)
     best = beam_search(model, torch.tensor(start_ids), beams, max_new_tokens, length_penalty, n_best=n_best,
-                       eos_id=eos_id, use_cache=use_cache, dtype=dtype, vocab=getattr(tokenizer, "vocab_size", None))
+                       eos_id=eos_id, use_cache=use_cache, dtype=dtype, vocab=getattr(tokenizer, "vocab_size", None),
+                       should_stop=should_stop)
     rows = []
     for ids, _ in best:
         row = _Row(tokenizer, eos_id, stops)
@@ -498,6 +437,7 @@ def generate(
     beams: int = 1,
     length_penalty: float = 1.0,
     dtype: torch.dtype | str | None = None,
+    should_stop: Callable[[], bool] | None = None,
     **options,
 ) -> GenerationResult:
     """Continue `prompt`; return the continuation's text and ids (see GenerationResult).
@@ -508,10 +448,10 @@ def generate(
     that many continuations in one batch. beams > 1 runs beam search and returns its
     num_samples best sequences (sampling options do not apply there). dtype (e.g. "bfloat16")
     decodes with a copy of the weights cast to it: half the bytes to read per token in bfloat16,
-    at bfloat16's precision (see `decoding_model`).
+    at bfloat16's precision (see `decoding_model`). should_stop: see beam_search (beams only).
     """
     sampling = SamplingOptions.of(sampling, **options)
-    _check_generate_options(num_samples, beams, max_new_tokens)
+    _check_generate_options(num_samples, beams, max_new_tokens, seed)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
     check_generation_fits(model.config, next(model.parameters()).device, beams if beams > 1 else num_samples,
                           max_new_tokens, len(start_ids))
@@ -519,7 +459,7 @@ def generate(
     logprobs = None
     if beams > 1:
         rows, logprobs = _beam_rows(model, tokenizer, start_ids, stops, beams, max_new_tokens, length_penalty,
-                                    num_samples, use_cache, dtype)
+                                    num_samples, use_cache, dtype, should_stop)
     else:
         for rows, _, _ in _run_rows(model, tokenizer, start_ids, num_samples, stops, seed, use_cache, max_new_tokens,
                                     sampling, dtype):
@@ -583,7 +523,7 @@ def stream_tokens(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 1
     # Checked and encoded now, not at the first next(): errors and the crop warning come
     # before the caller prints anything.
     sampling = SamplingOptions.of(sampling, **options)
-    _check_generate_options(1, 1, max_new_tokens)
+    _check_generate_options(1, 1, max_new_tokens, seed)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
     stops = _nonempty(stop)
     rows = _run_rows(model, tokenizer, start_ids, 1, stops, seed, use_cache, max_new_tokens, sampling, dtype)

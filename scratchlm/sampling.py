@@ -226,8 +226,15 @@ def check_max_new_tokens(max_new_tokens: int) -> None:
         raise ConfigError("max_new_tokens", f"must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {max_new_tokens}")
 
 
+def check_seed(seed: int | None) -> None:
+    """None (fresh entropy) or a whole number a torch generator takes: 0 to 2**63 - 1."""
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, Integral) or not 0 <= seed < 2**63):
+        raise ConfigError("seed", f"must be a whole number from 0 to 2**63 - 1, got {seed!r}")
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A random stream of its own, so one seed gives one output whatever else uses torch's RNG."""
+    check_seed(seed)
     generator = torch.Generator(device=device)
     if seed is None:
         generator.seed()  # fresh entropy

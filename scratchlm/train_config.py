@@ -156,6 +156,8 @@ class TrainConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise ConfigError(name, f"must be a whole number >= 0, got {value!r}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**32:
+            raise ConfigError("seed", f"must be a whole number from 0 to 2**32 - 1 (NumPy's range), got {self.seed!r}")
         if self.threads is not None and self.threads <= 0:  # a whole number or None: _check_types
             raise ConfigError("threads", f"must be a positive whole number (or none for torch's default), got {self.threads!r}")
         if self.lr_schedule not in LR_SCHEDULES:

@@ -307,6 +307,42 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
         print(f"\nthe stream ended {time.monotonic() - began:.2f} s after the reader closed")
 
 
+def test_a_reader_that_leaves_a_beam_search_stops_it(runs):
+    """Beam search answers in one event at its end; a reader that goes away before then stops it
+    at its next step, and the model thread is free for others at once (not after 100,000 steps)."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:
+        conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
+        conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "beams": 4,
+                                                               "max_new_tokens": 100_000}))
+        assert wait_until(lambda: active_streams(s) == 1, 20)
+        time.sleep(0.3)  # well into the search
+        conn.close()
+        assert wait_until(lambda: active_streams(s) == 0, 20), "the beam search went on after the reader left"
+        assert request(s.port, "GET", "/api/model?run=mixed", timeout=20)[0] == 200
+
+
+def test_beam_search_asks_should_stop_before_each_step():
+    from scratchlm.generate import Stopped, beam_search
+
+    asked = []
+    stop_at_third = lambda: asked.append(1) or len(asked) == 3  # noqa: E731
+    with pytest.raises(Stopped):
+        beam_search(_tiny_model(), torch.tensor([1, 2, 3]), 3, 50, should_stop=stop_at_third)
+    assert len(asked) == 3
+    assert len(beam_search(_tiny_model(), torch.tensor([1, 2, 3]), 3, 5, n_best=3, should_stop=lambda: False)) == 3
+
+
+def _tiny_model():
+    from scratchlm.config import GPTConfig
+    from scratchlm.model import GPT
+
+    torch.manual_seed(0)
+    return GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
+
+
 def test_beams_answer_with_the_command_lines_best_sequence(served, runs):
     events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 20, "beams": 3})
     assert [e for e, _ in events] == ["done"]
@@ -327,8 +363,12 @@ def test_beams_answer_with_the_command_lines_best_sequence(served, runs):
     ({"run": "mixed", "top_p": 1.5}, 400, "top_p"),
     ({"run": "mixed", "greedy": "yes"}, 400, "greedy"),
     ({"run": "mixed", "beams": 99}, 400, "beams"),
+    ({"run": "mixed", "stop": ["e"]}, 400, "unknown field stop"),
+    ({"run": "mixed", "num_samples": 2, "best_of": 3}, 400, "unknown fields best_of, num_samples"),
+    ({"run": "mixed", "beams": 2, "length_penalty": float("nan")}, 400, "length_penalty: a finite number"),
+    ({"run": "mixed", "beams": 2, "length_penalty": float("inf")}, 400, "length_penalty: a finite number"),
     ({"run": "nope"}, 404, "no run named"),
-    ({"run": None}, 404, "no run named"),
+    ({"run": None}, 404, "no run named in the request"),
     ([1, 2], 400, "JSON object"),
 ])
 def test_bad_generate_requests_get_one_error_line(served, body, status, words):
@@ -347,6 +387,12 @@ def test_bodies_are_capped_and_must_be_json(served):
     resp = conn.getresponse()
     assert resp.status == 413
     conn.close()
+
+
+@pytest.mark.parametrize("since", ["%C2%B2", "%D9%A3", "-1", "1.5", "x"])  # ², Arabic-Indic 3: digits to str.isdigit
+def test_a_training_offset_that_is_not_ascii_digits_is_a_bad_request(served, since):
+    got, answer = request(served.port, "GET", f"/api/training?run=mixed&since={since}")
+    assert got == 400 and answer["error"].startswith("since: a byte offset")
 
 
 @pytest.mark.parametrize("name", ["..", "../mixed", "mixed/..", "/etc", "%2e%2e", "..%2Fmixed", "mixed%00", "outside",
@@ -385,6 +431,35 @@ def test_a_run_whose_files_lead_outside_is_refused(tmp_path, runs):
     assert [e.name for e in library.entries()] == ["sneaky"]
     with pytest.raises(UnknownRun, match="outside"):
         library.load("sneaky")
+
+
+def test_a_run_trained_again_under_the_same_checkpoint_name_is_loaded_afresh(tmp_path, runs):
+    """The kept model is the files', not the path's: new weights written at the same checkpoint
+    path (a run deleted and trained again) are what the next request gets."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from scratchlm.checkpoint import latest_checkpoint
+    from scratchlm.serve.library import RunLibrary
+
+    folder = tmp_path / "runs"
+    shutil.copytree(runs / "mixed", folder / "again")
+    library = RunLibrary(runs=folder)
+    first = library.load("again")
+    assert library.load("again") is first  # unchanged files: the kept model
+    weights_file = latest_checkpoint(folder / "again") / "model.safetensors"
+    weights = load_file(weights_file)
+    weights = {name: t * 0.5 if t.is_floating_point() else t for name, t in weights.items()}
+    save_file(weights, weights_file)
+    later = weights_file.stat().st_mtime_ns + 2_000_000_000
+    os.utime(weights_file, ns=(later, later))  # a later write, whatever the file system's clock grain
+    second = library.load("again")
+    assert second is not first
+    state = second.model.state_dict()
+    for name, t in weights.items():
+        if name in state:
+            assert torch.equal(state[name].cpu(), t), name
 
 
 @pytest.mark.parametrize("path", ["/static/../app.py", "/static/%2e%2e/app.py", "/static/..%2fapp.py",

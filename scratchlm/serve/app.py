@@ -84,7 +84,7 @@ def _guarded(handler):
 
 async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
     declared = request.headers.get("content-length")
-    if declared is not None and (not declared.isdigit() or int(declared) > limits.body_bytes):
+    if declared is not None and (not (declared.isascii() and declared.isdigit()) or int(declared) > limits.body_bytes):
         raise BadRequest(f"the request body is larger than {limits.body_bytes:,} bytes", 413)
     body = bytearray()
     async for chunk in request.stream():
@@ -113,6 +113,12 @@ def _field(data: dict[str, Any], name: str, kind: type, default: Any = None, *, 
     return value
 
 
+def _finite(value: float, name: str) -> float:
+    if not -1e6 < value < 1e6:  # NaN and the infinities too (Python's JSON reader takes NaN)
+        raise BadRequest(f"{name}: a finite number, got {value}")
+    return value
+
+
 def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
     text = _field(data, name, str, "")
     if len(text) > limits.prompt_chars:
@@ -120,10 +126,19 @@ def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
     return text
 
 
+GENERATE_FIELDS = ("run", "prompt", "max_new_tokens", "beams", "length_penalty", "seed", "temperature", "top_k",
+                   "top_p", "min_p", "repetition_penalty", "greedy")
+
+
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
-    """The request's options, checked: bounded sizes, and sampling options scratchlm accepts."""
+    """The request's options, checked: bounded sizes, and sampling options scratchlm accepts. A
+    field it does not know (stop strings, several samples) is refused, not silently ignored."""
     from scratchlm.sampling import SamplingOptions
 
+    unknown = sorted(str(name)[:40] for name in data if name not in GENERATE_FIELDS)
+    if unknown:
+        raise BadRequest(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+                         f"the fields are {', '.join(GENERATE_FIELDS)}")
     max_new = _field(data, "max_new_tokens", int, 200)
     if not 1 <= max_new <= limits.max_new_tokens:
         raise BadRequest(f"max_new_tokens: give 1 to {limits.max_new_tokens}, got {max_new}")
@@ -145,7 +160,7 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     return GenerateRequest(
         prompt=_text(data, "prompt", limits), max_new_tokens=max_new,
         seed=secrets.randbelow(2**31) if seed is None else seed, beams=beams,
-        length_penalty=_field(data, "length_penalty", float, 1.0), sampling=sampling,
+        length_penalty=_finite(_field(data, "length_penalty", float, 1.0), "length_penalty"), sampling=sampling,
     )
 
 
@@ -221,7 +236,7 @@ class Playground:
     async def training(self, request: Request) -> Response:
         name = request.query_params.get("run")
         since = request.query_params.get("since", "0")
-        if not since.isdigit():
+        if not (since.isascii() and since.isdigit()):  # "²" is a digit to str.isdigit, not to int()
             raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
         entry = self.library.entry(name)  # one listing of the folder per poll
         metrics = self.library.metrics(entry)

@@ -46,6 +46,7 @@ class Loaded:
     tokenizer: Any
     info: dict[str, Any]
     labels: Any = None  # labels.Labels: each token's label as a JSON literal, made once
+    stamp: tuple = ()  # the checkpoint files' (path, size, mtime) when loaded: _fingerprint
 
     def __post_init__(self):
         from scratchlm.serve.labels import Labels
@@ -99,6 +100,8 @@ class RunLibrary:
 
     def entry(self, name: Any) -> RunEntry:
         """The listed run called `name` (an exact match), or UnknownRun."""
+        if name is None:
+            raise UnknownRun("no run named in the request; GET /api/runs lists them")
         if isinstance(name, str):
             for e in self.entries():
                 if e.name == name:
@@ -107,22 +110,24 @@ class RunLibrary:
 
     def load(self, name: Any) -> Loaded:
         """The model of run `name`, loaded once and kept (see MODELS_KEPT); reloaded when the run
-        has written a newer checkpoint since."""
+        has written a newer checkpoint since, or its checkpoint's files changed (trained again)."""
         from scratchlm.checkpoint import load_model, resolve_checkpoint
 
         entry = self.entry(name)
         with self._load_lock:
             ckpt = resolve_checkpoint(entry.path)
-            for path in _files_read(ckpt):
+            files = _files_read(ckpt)
+            for path in files:
                 self.check_inside(path)
+            stamp = _fingerprint(files)  # a run trained again under the same checkpoint name differs here
             kept = self._loaded.get(entry.name)
-            if kept is not None and kept.info["checkpoint"] == ckpt:
+            if kept is not None and kept.info["checkpoint"] == ckpt and kept.stamp == stamp:
                 self._loaded.move_to_end(entry.name)
                 return kept
             model, tokenizer, info = load_model(ckpt, device=self.device)
             if tokenizer is None:
                 raise UserError(f"run {entry.name}: no tokenizer saved with its checkpoint")
-            loaded = Loaded(entry.name, model, tokenizer, info)
+            loaded = Loaded(entry.name, model, tokenizer, info, stamp=stamp)
             self._loaded[entry.name] = loaded
             self._loaded.move_to_end(entry.name)
             while len(self._loaded) > MODELS_KEPT:
@@ -149,6 +154,15 @@ def _files_read(ckpt: Path) -> list[Path]:
         if folder.is_dir():
             paths += [folder, *folder.iterdir()]
     return paths
+
+
+def _fingerprint(files: list[Path]) -> tuple:
+    """What tells one checkpoint's files from others written later at the same paths."""
+    stamps = []
+    for path in files:
+        st = path.stat()
+        stamps.append((str(path), st.st_size, st.st_mtime_ns))
+    return tuple(sorted(stamps))
 
 
 def _mtime(path: Path) -> float:

@@ -150,13 +150,17 @@ class GenerationStream:
             return False
 
     def _begin(self) -> bool:
-        from scratchlm.generate import generate, stream_tokens
+        from scratchlm.generate import Stopped, generate, stream_tokens
 
         r, model, tokenizer = self.request, self.loaded.model, self.loaded.tokenizer
         self.began = time.perf_counter()
-        if r.beams > 1:
-            result = generate(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, beams=r.beams,
-                              length_penalty=r.length_penalty)
+        if r.beams > 1:  # one call, which a reader that goes away (or the server stopping) cuts short
+            try:
+                result = generate(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, beams=r.beams,
+                                  length_penalty=r.length_penalty, should_stop=self.cancel.is_set)
+            except Stopped:
+                self._finish("stopped")
+                return False
             self._put(sse("done", {"reason": result.finish_reasons[0], "tokens": len(result.ids),
                                    "seconds": time.perf_counter() - self.began, "text": result.text,
                                    "logprob": result.logprobs[0]}))
@@ -223,6 +227,8 @@ class ModelThread:
         self.jobs.put((None, (stream,), None))
 
     def close(self) -> None:
+        for stream in list(self.active):  # a beam search under way stops at its next step
+            stream.cancel.set()
         self.jobs.put(None)
         self.thread.join(10)
 
