@@ -324,6 +324,43 @@ def test_a_reader_that_leaves_a_beam_search_stops_it(runs):
         assert request(s.port, "GET", "/api/model?run=mixed", timeout=20)[0] == 200
 
 
+def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
+    """Serve `runs`, open a long stream, send SIGINT after its third token: (the done events'
+    reasons the reader got, the server's exit status, its stderr)."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", "--runs", str(runs), "--port", "0",
+                             "--max-new-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        port = int(re.search(r"http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "seed": seed,
+                                                               "max_new_tokens": 100_000}))
+        resp = conn.getresponse()
+        seen = 0
+        while seen < 3:
+            seen += resp.fp.readline().startswith(b"event: token")
+        proc.send_signal(signal.SIGINT)
+        rest = b"".join(iter(resp.fp.readline, b"")).decode("utf-8", "replace")
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    reasons = [json.loads(line[6:])["reason"] for line in rest.splitlines() if line.startswith("data: ") and '"reason"' in line]
+    return reasons, proc.returncode, err
+
+
+def test_ctrl_c_ends_open_streams_with_their_done_event_and_no_traceback(runs):
+    """SIGINT while a long stream is open: the reader gets the done event (reason stopped), the
+    server exits as an interrupted program does (130, one line), within the graceful shutdown.
+    A draw may reach the end-of-text token before the signal lands: then the next seed."""
+    for seed in range(5):
+        reasons, status, err = _interrupt_a_stream(runs, seed)
+        assert status == 130 and "Traceback" not in err and "Exception" not in err, err
+        if reasons != ["eos"]:
+            break
+    assert reasons == ["stopped"]
+
+
 def test_beam_search_asks_should_stop_before_each_step():
     from scratchlm.generate import Stopped, beam_search
 

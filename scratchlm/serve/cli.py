@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import ipaddress
 import socket
 import sys
@@ -30,6 +31,20 @@ def add_serve(sub) -> None:
     p.set_defaults(run=_run_serve)
 
 
+def _run_uvicorn(config, model_thread, sock: socket.socket) -> None:
+    """uvicorn's server, except that Ctrl-C (or SIGTERM) first ends every open generation with
+    its done event (reason "stopped"): the streams then close within the graceful shutdown rather
+    than being cancelled mid-response (a traceback, and a reader left without its last event)."""
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def handle_exit(self, sig, frame):
+            model_thread.stop_streams()
+            super().handle_exit(sig, frame)
+
+    Server(config).run(sockets=[sock])
+
+
 def _bind(host: str, port: int) -> socket.socket:
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}")
@@ -44,7 +59,9 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.bind(address)
     except OSError as exc:
         sock.close()
-        why = "in use" if exc.errno == 98 else exc.strerror
+        if exc.errno == errno.EADDRNOTAVAIL:
+            raise UserError(f"--host {host}: not an address of this machine") from None
+        why = "in use" if exc.errno == errno.EADDRINUSE else exc.strerror
         raise UserError(f"cannot listen on {host}:{port} ({why}); pick another with --port (0 picks a free one)") from None
     sock.listen(128)
     return sock
@@ -109,5 +126,5 @@ def _serve(args, sock: socket.socket) -> int:
     print(f"scratchlm playground: http://{shown}:{port}/  ({n} run{'' if n == 1 else 's'}, {threads} torch "
           f"thread{'' if threads == 1 else 's'}; Ctrl-C stops it)", flush=True)
     config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    uvicorn.Server(config).run(sockets=[sock])
+    _run_uvicorn(config, app.state.model_thread, sock)
     return 0

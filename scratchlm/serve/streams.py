@@ -12,7 +12,7 @@ the network: a slow reader lets its events queue (MAX_QUEUED, then its stream pa
 reader that goes away cancels its stream, which the model thread drops before its next step.
 
 Events (each `event: NAME` and `data: JSON`):
-  start  {"prompt_ids", "cropped", "seed"}
+  start  {"prompt_ids", "cropped", "seed"}   (beam search sends done alone, at its end)
   token  {"index", "id", "label", "text", "p", "top": [{"id", "label", "p"}, ...]}
          p and top are the model's own softmax of the step's raw scores (before temperature or
          any filter), so they say how sure the model was, whatever the sampling settings; top is
@@ -226,9 +226,14 @@ class ModelThread:
     def add(self, stream: GenerationStream) -> None:
         self.jobs.put((None, (stream,), None))
 
-    def close(self) -> None:
-        for stream in list(self.active):  # a beam search under way stops at its next step
+    def stop_streams(self) -> None:
+        """End every stream at its next step, each with its done event (reason "stopped"); a beam
+        search under way stops too. Safe from any thread, and from a signal handler."""
+        for stream in list(self.active):
             stream.cancel.set()
+
+    def close(self) -> None:
+        self.stop_streams()
         self.jobs.put(None)
         self.thread.join(10)
 
