@@ -265,9 +265,11 @@ def test_a_token_event_of_scores_with_no_probabilities_is_still_json(bad):
     assert data["p"] is None and len(data["top"]) == 5 and all(t["p"] is None for t in data["top"])
 
 
-def test_a_prompt_the_tokenizer_cannot_encode_ends_in_one_error_event(served):
-    events = generate_events(served.port, {"run": "mixed", "prompt": "Ωmega", "max_new_tokens": 5})
-    assert [e for e, _ in events] == ["error"] and "'Ω'" in events[0][1]["message"]
+def test_a_prompt_the_tokenizer_cannot_encode_is_a_bad_request(served):
+    """As on the attention tab: one JSON error line with status 400, before any stream starts."""
+    got, answer = request(served.port, "POST", "/api/generate", {"run": "mixed", "prompt": "Ωmega", "max_new_tokens": 5})
+    assert got == 400 and "'Ω'" in answer["error"]
+    assert active_streams(served) == 0
 
 
 def test_eight_streams_at_once_each_get_what_they_get_alone(served):
@@ -468,6 +470,19 @@ def test_a_run_whose_files_lead_outside_is_refused(tmp_path, runs):
     assert [e.name for e in library.entries()] == ["sneaky"]
     with pytest.raises(UnknownRun, match="outside"):
         library.load("sneaky")
+
+
+def test_a_run_with_no_checkpoint_yet_says_so_without_the_servers_paths(tmp_path):
+    from scratchlm.errors import UserError
+    from scratchlm.serve.library import RunLibrary
+
+    (tmp_path / "runs" / "young").mkdir(parents=True)
+    (tmp_path / "runs" / "young" / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n')
+    library = RunLibrary(runs=tmp_path / "runs")
+    assert [e.name for e in library.entries()] == ["young"]
+    with pytest.raises(UserError, match="run young: no checkpoint yet") as caught:
+        library.load("young")
+    assert str(tmp_path) not in str(caught.value)
 
 
 def test_a_run_trained_again_under_the_same_checkpoint_name_is_loaded_afresh(tmp_path, runs):
@@ -698,6 +713,7 @@ def test_another_host_gets_a_warning_line(runs):
     proc, line = _start_serve("--checkpoint", str(runs / "mixed"), "--host", "0.0.0.0", "--port", "0", "--threads", "3")
     try:
         port = int(re.search(r":(\d+)/", line).group(1))
+        assert f"http://127.0.0.1:{port}/" in line  # an address to open here, not 0.0.0.0
         assert request(port, "GET", "/api/runs")[1]["default"] == "mixed"
         assert request(port, "GET", "/api/model?run=mixed")[1]["threads"] == 3
     finally:

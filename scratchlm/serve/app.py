@@ -202,6 +202,8 @@ class Playground:
         data = await _json_body(request, self.limits)
         req = generate_request(data, self.limits)
         loaded = await self.load(data.get("run"))
+        # text the tokenizer cannot encode is a bad request (400, as on the attention tab), not a stream
+        await self.on_model_thread(loaded.tokenizer.encode, req.prompt)
         if self.streams >= self.limits.streams:
             raise BadRequest(f"{self.limits.streams} generations are running; try again when one ends", 503)
         self.streams += 1

@@ -120,6 +120,8 @@ def _serve(args, sock: socket.socket) -> int:
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",
               file=sys.stderr, flush=True)
+    if ipaddress.ip_address(host).is_unspecified:  # every address: the local one is the one to open here
+        host = "::1" if ":" in host else "127.0.0.1"
     shown = f"[{host}]" if ":" in host else host
     n = len(library.entries())
     threads = torch.get_num_threads()

@@ -113,7 +113,12 @@ class RunLibrary:
         has written a newer checkpoint since, or its checkpoint's files changed (trained again)."""
         from scratchlm.checkpoint import load_model, resolve_checkpoint
 
+        from scratchlm.checkpoint import latest_checkpoint
+
         entry = self.entry(name)
+        if not (entry.path / "config.json").is_file() and latest_checkpoint(entry.path) is None:
+            raise UserError(f"run {entry.name}: no checkpoint yet (a run in training writes one every "
+                            "checkpoint_interval steps, and at its end)")
         with self._load_lock:
             ckpt = resolve_checkpoint(entry.path)
             files = _files_read(ckpt)
