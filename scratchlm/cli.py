@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from scratchlm import cli_inside
@@ -239,6 +240,8 @@ def _run_generate(args) -> int:
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
+    if not math.isfinite(args.length_penalty):  # refused with or without --beams, as the playground does
+        raise UserError(f"--length-penalty must be a finite number, got {args.length_penalty}")
     device = pick_device(args.device, allow_mps=False)  # decoding's fast paths are CPU and CUDA
     stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
     prompt = _read_prompt(args)

@@ -27,6 +27,7 @@ decoding runs up to GREEDY_CHUNK compiled steps per call.
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -283,8 +284,7 @@ def beam_search(
     check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
-    if not -1e6 < length_penalty < 1e6:  # NaN and infinities too: they would rank nothing
-        raise ConfigError("length_penalty", f"must be a finite number, got {length_penalty!r}")
+    _check_length_penalty(length_penalty)
     idx = _one_prompt(idx)
     decoder = decoder_for(model, max_new_tokens, dtype)
     device, dtype = decoder.device_dtype
@@ -389,9 +389,16 @@ def _run_rows(
     yield rows, None, None
 
 
-def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, seed: int | None) -> None:
+def _check_length_penalty(length_penalty: float) -> None:
+    if not math.isfinite(length_penalty):  # NaN and the infinities would rank nothing
+        raise ConfigError("length_penalty", f"must be a finite number, got {length_penalty!r}")
+
+
+def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, seed: int | None,
+                            length_penalty: float = 1.0) -> None:
     check_max_new_tokens(max_new_tokens)
     check_seed(seed)
+    _check_length_penalty(length_penalty)
     if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ConfigError("num_samples", f"must be a whole number >= 1, got {num_samples!r}")
     if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
@@ -451,7 +458,7 @@ def generate(
     at bfloat16's precision (see `decoding_model`). should_stop: see beam_search (beams only).
     """
     sampling = SamplingOptions.of(sampling, **options)
-    _check_generate_options(num_samples, beams, max_new_tokens, seed)
+    _check_generate_options(num_samples, beams, max_new_tokens, seed, length_penalty)
     prompt_ids, start_ids, cropped = _encode_prompt(model, tokenizer, prompt)
     check_generation_fits(model.config, next(model.parameters()).device, beams if beams > 1 else num_samples,
                           max_new_tokens, len(start_ids))

@@ -294,8 +294,8 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
             conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "seed": seed,
                                                                    "max_new_tokens": 100_000}))
             resp = conn.getresponse()
-            seen = 0
-            while seen < 3:
+            seen, line = 0, None
+            while seen < 3 and line not in ("", "event: done\n"):  # a draw may reach end-of-text first
                 line = resp.fp.readline().decode()
                 seen += line.startswith("event: token")
             if active_streams(s) == 1:
@@ -309,12 +309,20 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
         print(f"\nthe stream ended {time.monotonic() - began:.2f} s after the reader closed")
 
 
-def test_a_reader_that_leaves_a_beam_search_stops_it(runs):
+def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     """Beam search answers in one event at its end; a reader that goes away before then stops it
     at its next step, and the model thread is free for others at once (not after 100,000 steps)."""
+    import scratchlm.generate as gen
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary
 
+    answers = []  # what should_stop said, step by step, in the search the server ran
+    search = gen.beam_search
+
+    def watched(*args, should_stop, **kwargs):
+        return search(*args, should_stop=lambda: answers.append(should_stop()) or answers[-1], **kwargs)
+
+    monkeypatch.setattr(gen, "beam_search", watched)
     with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
         conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "beams": 4,
@@ -324,6 +332,7 @@ def test_a_reader_that_leaves_a_beam_search_stops_it(runs):
         conn.close()
         assert wait_until(lambda: active_streams(s) == 0, 20), "the beam search went on after the reader left"
         assert request(s.port, "GET", "/api/model?run=mixed", timeout=20)[0] == 200
+    assert len(answers) > 1 and answers[-1] is True and not any(answers[:-1])
 
 
 def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
@@ -339,11 +348,12 @@ def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
         conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "seed": seed,
                                                                "max_new_tokens": 100_000}))
         resp = conn.getresponse()
-        seen = 0
-        while seen < 3:
-            seen += resp.fp.readline().startswith(b"event: token")
+        lines, seen = [], 0
+        while seen < 3 and (not lines or lines[-1] not in (b"", b"event: done\n")):  # eos may come first
+            lines.append(resp.fp.readline())
+            seen += lines[-1].startswith(b"event: token")
         proc.send_signal(signal.SIGINT)
-        rest = b"".join(iter(resp.fp.readline, b"")).decode("utf-8", "replace")
+        rest = b"".join(lines + list(iter(resp.fp.readline, b""))).decode("utf-8", "replace")
         _, err = proc.communicate(timeout=30)
     finally:
         proc.kill()

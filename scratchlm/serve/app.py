@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,7 +115,7 @@ def _field(data: dict[str, Any], name: str, kind: type, default: Any = None, *, 
 
 
 def _finite(value: float, name: str) -> float:
-    if not -1e6 < value < 1e6:  # NaN and the infinities too (Python's JSON reader takes NaN)
+    if not math.isfinite(value):  # Python's JSON reader takes NaN and Infinity
         raise BadRequest(f"{name}: a finite number, got {value}")
     return value
 

@@ -111,12 +111,11 @@ class RunLibrary:
     def load(self, name: Any) -> Loaded:
         """The model of run `name`, loaded once and kept (see MODELS_KEPT); reloaded when the run
         has written a newer checkpoint since, or its checkpoint's files changed (trained again)."""
-        from scratchlm.checkpoint import load_model, resolve_checkpoint
-
-        from scratchlm.checkpoint import latest_checkpoint
+        from scratchlm.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_model, resolve_checkpoint
 
         entry = self.entry(name)
-        if not (entry.path / "config.json").is_file() and latest_checkpoint(entry.path) is None:
+        is_checkpoint = any((entry.path / f).is_file() for f in ("config.json", WEIGHTS_FILE))
+        if not is_checkpoint and latest_checkpoint(entry.path) is None:
             raise UserError(f"run {entry.name}: no checkpoint yet (a run in training writes one every "
                             "checkpoint_interval steps, and at its end)")
         with self._load_lock:
@@ -165,7 +164,10 @@ def _fingerprint(files: list[Path]) -> tuple:
     """What tells one checkpoint's files from others written later at the same paths."""
     stamps = []
     for path in files:
-        st = path.stat()
+        try:
+            st = path.stat()
+        except FileNotFoundError:  # a run pruning its old checkpoints (keep_last) just now
+            raise UserError(f"{path.parent.name}: the checkpoint went away while loading; try again") from None
         stamps.append((str(path), st.st_size, st.st_mtime_ns))
     return tuple(sorted(stamps))
 

@@ -109,10 +109,15 @@ class GenerationStream:
         self.made_lock = threading.Lock()
         self.ready = asyncio.Event()  # set (on the loop) when `made` stops being empty
         self.cancel = threading.Event()
+        self.server_stopping = lambda: False  # the ModelThread's flag, once it takes the stream
         self.queued = 0  # len(made): the model thread skips this stream past MAX_QUEUED
         self.steps = None
         self.text: list[str] = []
         self.index, self.reason, self.began = 0, "length", 0.0
+
+    def _stop_asked(self) -> bool:
+        """The reader went away, or the server is stopping."""
+        return self.cancel.is_set() or self.server_stopping()
 
     def _put(self, text: str | None) -> None:
         with self.made_lock:
@@ -126,7 +131,7 @@ class GenerationStream:
         """One step of work, on the model thread: the first call starts (or, with beams, runs)
         the generation, each later one makes one token. False once the stream has ended."""
         try:
-            if self.cancel.is_set():
+            if self._stop_asked():
                 self._finish("stopped")
                 return False
             if self.queued >= MAX_QUEUED:
@@ -157,7 +162,7 @@ class GenerationStream:
         if r.beams > 1:  # one call, which a reader that goes away (or the server stopping) cuts short
             try:
                 result = generate(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, beams=r.beams,
-                                  length_penalty=r.length_penalty, should_stop=self.cancel.is_set)
+                                  length_penalty=r.length_penalty, should_stop=self._stop_asked)
             except Stopped:
                 self._finish("stopped")
                 return False
@@ -215,6 +220,7 @@ class ModelThread:
     def __init__(self):
         self.jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.active: list[GenerationStream] = []
+        self.stopping = False  # set by stop_streams: every stream, running, queued or new, ends
         self.thread = threading.Thread(target=self._run, name="scratchlm-model", daemon=True)
         self.thread.start()
 
@@ -227,10 +233,11 @@ class ModelThread:
         self.jobs.put((None, (stream,), None))
 
     def stop_streams(self) -> None:
-        """End every stream at its next step, each with its done event (reason "stopped"); a beam
-        search under way stops too. Safe from any thread, and from a signal handler."""
-        for stream in list(self.active):
-            stream.cancel.set()
+        """End every stream at its next step, each with its done event (reason "stopped"): those
+        running (a beam search too), those waiting, and any added later. Safe from any thread, and
+        from a signal handler: a plain assignment, no lock (the handler may have interrupted a
+        thread holding one)."""
+        self.stopping = True
 
     def close(self) -> None:
         self.stop_streams()
@@ -259,6 +266,7 @@ class ModelThread:
     def _take(self, job) -> None:
         fn, args, future = job
         if fn is None:
+            args[0].server_stopping = lambda: self.stopping
             self.active.append(args[0])
         elif future.set_running_or_notify_cancel():
             try:
