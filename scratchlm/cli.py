@@ -229,6 +229,29 @@ def _read_prompt(args) -> str:
     return ""  # nothing given: start from BOS
 
 
+def ignored_generate_flags(args) -> str | None:
+    """A warning naming the flags given that this generation cannot use, or None. Greedy takes
+    the likeliest token, so filters, temperature and a seed change nothing; beam search ranks by
+    the model's own log-probabilities, so no sampling option applies; the length penalty ranks
+    beams only; an empty stop string matches nothing."""
+    sampling = {"--temperature": args.temperature not in (1.0, 0.0), "--top-k": args.top_k is not None,
+                "--top-p": args.top_p is not None, "--min-p": args.min_p is not None, "--seed": args.seed is not None}
+    if args.beams > 1:
+        given, why = {**sampling, "--repetition-penalty": args.repetition_penalty != 1.0, "--greedy": args.greedy,
+                      "--temperature": args.temperature != 1.0}, "with --beams (beam search ranks by log-probability)"
+    elif args.greedy or args.temperature == 0:
+        given, why = sampling, "with greedy decoding (it takes the likeliest token)"
+    else:
+        given, why = {}, ""
+    flags = [flag for flag, on in given.items() if on]
+    notes = [f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {why}"] if flags else []
+    if args.beams == 1 and args.length_penalty != 1.0:
+        notes.append("--length-penalty applies to beam search only")
+    if "" in args.stop:
+        notes.append("an empty --stop matches nothing and is left out")
+    return "; ".join(notes) or None
+
+
 def _run_generate(args) -> int:
     import os
     import warnings
@@ -242,6 +265,9 @@ def _run_generate(args) -> int:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
     if not math.isfinite(args.length_penalty):  # refused with or without --beams, as the playground does
         raise UserError(f"--length-penalty must be a finite number, got {args.length_penalty}")
+    ignored = ignored_generate_flags(args)
+    if ignored:
+        print(f"warning: {ignored}", file=sys.stderr, flush=True)
     device = pick_device(args.device, allow_mps=False)  # decoding's fast paths are CPU and CUDA
     stops = [s.replace("\\n", "\n").replace("\\t", "\t") for s in args.stop]
     prompt = _read_prompt(args)

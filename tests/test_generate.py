@@ -644,3 +644,29 @@ def test_the_crop_warning_points_at_the_callers_line():
     with pytest.warns(UserWarning, match="only its last 16 tokens are used") as caught:
         generate(model, tok, "x" * 40, max_new_tokens=1)
     assert caught[0].filename == __file__  # stacklevel: the warning names this file, not generate.py
+
+
+@pytest.mark.parametrize("flags, words", [
+    ([], None),
+    (["--temperature", "0.7", "--top-k", "5", "--seed", "1"], None),  # sampling: all of them count
+    (["--greedy", "--top-k", "5", "--seed", "1"], ["--top-k, --seed have no effect with greedy"]),
+    (["--temperature", "0", "--min-p", "0.1"], ["--min-p has no effect with greedy"]),
+    (["--greedy", "--temperature", "0.5"], ["--temperature has no effect with greedy"]),
+    (["--greedy", "--repetition-penalty", "1.3"], None),  # the penalty does move greedy's argmax
+    (["--beams", "3", "--top-p", "0.9", "--repetition-penalty", "1.2"],
+     ["--top-p, --repetition-penalty have no effect with --beams"]),
+    (["--beams", "3", "--length-penalty", "0.5"], None),
+    (["--length-penalty", "0.5"], ["--length-penalty applies to beam search only"]),
+    (["--stop", "", "--stop", "x"], ["an empty --stop matches nothing"]),
+])
+def test_generate_warns_of_flags_that_change_nothing(flags, words):
+    """One warning line naming each flag the chosen decoding cannot use (not an error: the text
+    is still what was asked for), and none where every flag counts."""
+    from scratchlm.cli import build_parser, ignored_generate_flags
+
+    args = build_parser().parse_args(["generate", "--checkpoint", "run", *flags])
+    warning = ignored_generate_flags(args)
+    if words is None:
+        assert warning is None
+    else:
+        assert warning is not None and all(w in warning for w in words), warning
