@@ -335,7 +335,7 @@ def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     assert len(answers) > 1 and answers[-1] is True and not any(answers[:-1])
 
 
-def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
+def _interrupt_a_stream(runs: Path, options: dict) -> tuple[list[str], int, str]:
     """Serve `runs`, open a long stream, send SIGINT after its third token: (the done events'
     reasons the reader got, the server's exit status, its stderr)."""
     import signal
@@ -345,7 +345,7 @@ def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
     try:
         port = int(re.search(r"http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "seed": seed,
+        conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", **options,
                                                                "max_new_tokens": 100_000}))
         resp = conn.getresponse()
         lines, seen = [], 0
@@ -364,9 +364,10 @@ def _interrupt_a_stream(runs: Path, seed: int) -> tuple[list[str], int, str]:
 def test_ctrl_c_ends_open_streams_with_their_done_event_and_no_traceback(runs):
     """SIGINT while a long stream is open: the reader gets the done event (reason stopped), the
     server exits as an interrupted program does (130, one line), within the graceful shutdown.
-    A draw may reach the end-of-text token before the signal lands: then the next seed."""
-    for seed in range(5):
-        reasons, status, err = _interrupt_a_stream(runs, seed)
+    Greedy text from this model runs on (no end-of-text token in 3,000 tokens, measured); should
+    a stream still end before the signal lands, seeded draws are tried next."""
+    for options in ({"greedy": True}, *({"seed": seed} for seed in range(4))):
+        reasons, status, err = _interrupt_a_stream(runs, options)
         assert status == 130 and "Traceback" not in err and "Exception" not in err, err
         if reasons != ["eos"]:
             break
