@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 
 from scratchlm import cli_inside
@@ -259,12 +258,11 @@ def _run_generate(args) -> int:
     from scratchlm.checkpoint import load_model
     from scratchlm.devices import pick_device
     from scratchlm.generate import generate, stream
-    from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT
+    from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT, check_length_penalty
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
-    if not math.isfinite(args.length_penalty):  # refused with or without --beams, as the playground does
-        raise UserError(f"--length-penalty must be a finite number, got {args.length_penalty}")
+    check_length_penalty(args.length_penalty)  # with or without --beams, as the playground does
     ignored = ignored_generate_flags(args)
     if ignored:
         print(f"warning: {ignored}", file=sys.stderr, flush=True)

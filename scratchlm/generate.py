@@ -27,7 +27,6 @@ decoding runs up to GREEDY_CHUNK compiled steps per call.
 
 from __future__ import annotations
 
-import math
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -41,8 +40,9 @@ from scratchlm.decoding import Decoder, decoder_for
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.memory import check_generation_fits
 from scratchlm.model import GPT, KVCache, eval_mode
-from scratchlm.sampling import SamplingOptions, check_max_new_tokens, check_seed, choose_next, make_generator
-from scratchlm.text_rows import IncrementalText, _Row
+from scratchlm.sampling import (SamplingOptions, check_length_penalty, check_max_new_tokens, check_seed, choose_next,
+                                make_generator)
+from scratchlm.text_rows import IncrementalText, TextRow
 
 
 GREEDY_CHUNK = 8
@@ -284,7 +284,7 @@ def beam_search(
     check_max_new_tokens(max_new_tokens)
     if beam_width < 1 or n_best < 1:
         raise ConfigError("beams", f"beam width and n_best must be >= 1, got {beam_width} and {n_best}")
-    _check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty)
     idx = _one_prompt(idx)
     decoder = decoder_for(model, max_new_tokens, dtype)
     device, dtype = decoder.device_dtype
@@ -363,14 +363,14 @@ def _run_rows(
     model: GPT, tokenizer, start_ids: list[int], num_samples: int, stop: Sequence[str] | None,
     seed: int | None, use_cache: bool, max_new_tokens: int, sampling: SamplingOptions,
     dtype: torch.dtype | str | None = None,
-) -> Iterator[list[_Row]]:
+) -> Iterator[list[TextRow]]:
     """Sample `num_samples` continuations of one prompt in one batch. Yield (the rows, the ids
     chosen (S,), the raw logits (S, V) they were chosen from) after every step, the step that
     ends the last row included, and once more, (rows, None, None), after they are all finished."""
     decoder = decoder_for(model, max_new_tokens, dtype)
     device, _ = decoder.device_dtype
     eos_id = getattr(tokenizer, "eos_id", None)
-    rows = [_Row(tokenizer, eos_id, _nonempty(stop)) for _ in range(num_samples)]
+    rows = [TextRow(tokenizer, eos_id, _nonempty(stop)) for _ in range(num_samples)]
     idx = torch.tensor([start_ids] * num_samples, dtype=torch.long, device=device)  # (S, T0)
     generator = make_generator(seed, device)
     tokens = iter_tokens(decoder, idx, max_new_tokens=max_new_tokens, sampling=sampling, generator=generator,
@@ -389,16 +389,11 @@ def _run_rows(
     yield rows, None, None
 
 
-def _check_length_penalty(length_penalty: float) -> None:
-    if not math.isfinite(length_penalty):  # NaN and the infinities would rank nothing
-        raise ConfigError("length_penalty", f"must be a finite number, got {length_penalty!r}")
-
-
 def _check_generate_options(num_samples: int, beams: int, max_new_tokens: int, seed: int | None,
                             length_penalty: float = 1.0) -> None:
     check_max_new_tokens(max_new_tokens)
     check_seed(seed)
-    _check_length_penalty(length_penalty)
+    check_length_penalty(length_penalty)
     if isinstance(num_samples, bool) or not isinstance(num_samples, Integral) or num_samples < 1:
         raise ConfigError("num_samples", f"must be a whole number >= 1, got {num_samples!r}")
     if isinstance(beams, bool) or not isinstance(beams, Integral) or beams < 1:
@@ -413,7 +408,7 @@ def _nonempty(stop: Sequence[str] | None) -> list[str]:
 
 def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], beams: int, max_new_tokens: int,
                length_penalty: float, n_best: int, use_cache: bool, dtype: torch.dtype | str | None,
-               should_stop: Callable[[], bool] | None) -> tuple[list[_Row], list[float]]:
+               should_stop: Callable[[], bool] | None) -> tuple[list[TextRow], list[float]]:
     """The n_best beams of beam_search as finished rows (their text cut at a stop string), and
     their log-probabilities."""
     eos_id = getattr(tokenizer, "eos_id", None)
@@ -422,7 +417,7 @@ def _beam_rows(model: GPT, tokenizer, start_ids: list[int], stops: list[str], be
                        should_stop=should_stop)
     rows = []
     for ids, _ in best:
-        row = _Row(tokenizer, eos_id, stops)
+        row = TextRow(tokenizer, eos_id, stops)
         for token in ids[len(start_ids) :]:
             row.push(token)
         row.finish()
@@ -537,7 +532,7 @@ def stream_tokens(model: GPT, tokenizer, prompt: str, *, max_new_tokens: int = 1
     return TokenSteps(_token_steps(rows, IncrementalText(stops)), prompt_ids, cropped)
 
 
-def _token_steps(rows: Iterator[tuple[list[_Row], torch.Tensor | None, torch.Tensor | None]],
+def _token_steps(rows: Iterator[tuple[list[TextRow], torch.Tensor | None, torch.Tensor | None]],
                  printer: IncrementalText) -> Iterator[TokenStep]:
     for (row,), next_ids, logits in rows:
         piece = printer.piece(row.text, final=row.reason is not None)

@@ -232,6 +232,12 @@ def check_seed(seed: int | None) -> None:
         raise ConfigError("seed", f"must be a whole number from 0 to 2**63 - 1, got {seed!r}")
 
 
+def check_length_penalty(length_penalty: float) -> None:
+    """Beam search ranks by logprob / length^length_penalty: NaN and the infinities rank nothing."""
+    if not math.isfinite(length_penalty):
+        raise ConfigError("length_penalty", f"must be a finite number, got {length_penalty!r}")
+
+
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
     """A random stream of its own, so one seed gives one output whatever else uses torch's RNG."""
     check_seed(seed)

@@ -1,4 +1,4 @@
-"""The text side of generation: each sample's continuation as its ids grow (`_Row`: its text,
+"""The text side of generation: each sample's continuation as its ids grow (`TextRow`: its text,
 cut at a stop string, and why it ended), and the printable pieces of a growing text
 (`IncrementalText`: nothing that a later token could still change)."""
 
@@ -18,7 +18,7 @@ def _ends_inside(text: str, stops: Sequence[str]) -> int:
     return longest
 
 
-class _Row:
+class TextRow:
     """One sample's continuation as it grows: its ids, its text, and whether and why it ended."""
 
     def __init__(self, tokenizer, eos_id: int | None, stops: Sequence[str]):

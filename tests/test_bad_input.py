@@ -344,9 +344,9 @@ CASES = [
     Case("generate: more samples than beams", [*GEN, "--beams", "2", "--num-samples", "3"], ["beams", "3"], _with_run()),
     Case("generate: --seed 2**64", [*GEN, "--seed", str(2**64)], ["seed", str(2**64), "2**63 - 1"], _with_run()),
     Case("generate: --seed -1", [*GEN, "--seed", "-1"], ["seed", "-1"], _with_run()),
-    Case("generate: --length-penalty nan", [*GEN, "--beams", "2", "--length-penalty", "nan"], ["--length-penalty", "nan"],
+    Case("generate: --length-penalty nan", [*GEN, "--beams", "2", "--length-penalty", "nan"], ["length_penalty", "nan"],
          _with_run()),
-    Case("generate: --length-penalty inf without beams", [*GEN, "--length-penalty", "inf"], ["--length-penalty", "inf"],
+    Case("generate: --length-penalty inf without beams", [*GEN, "--length-penalty", "inf"], ["length_penalty", "inf"],
          _with_run()),
     Case("generate: prompt file is a folder", [*GEN[:3], "--prompt-file", "{d}/run", *GEN[5:]], ["--prompt-file", "run"], _with_run()),
     *([] if torch.cuda.is_available() else [  # on a machine with CUDA this is no error

@@ -24,7 +24,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
@@ -114,12 +113,6 @@ def _field(data: dict[str, Any], name: str, kind: type, default: Any = None, *, 
     return value
 
 
-def _finite(value: float, name: str) -> float:
-    if not math.isfinite(value):  # Python's JSON reader takes NaN and Infinity
-        raise BadRequest(f"{name}: a finite number, got {value}")
-    return value
-
-
 def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
     text = _field(data, name, str, "")
     if len(text) > limits.prompt_chars:
@@ -134,7 +127,7 @@ GENERATE_FIELDS = ("run", "prompt", "max_new_tokens", "beams", "length_penalty",
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     """The request's options, checked: bounded sizes, and sampling options scratchlm accepts. A
     field it does not know (stop strings, several samples) is refused, not silently ignored."""
-    from scratchlm.sampling import SamplingOptions
+    from scratchlm.sampling import SamplingOptions, check_length_penalty, check_seed
 
     unknown = sorted(str(name)[:40] for name in data if name not in GENERATE_FIELDS)
     if unknown:
@@ -147,8 +140,7 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     if not 1 <= beams <= 8:
         raise BadRequest(f"beams: give 1 to 8, got {beams}")
     seed = _field(data, "seed", int, optional=True)
-    if seed is not None and not 0 <= seed < 2**63:
-        raise BadRequest(f"seed: give 0 to 2**63 - 1, got {seed}")
+    check_seed(seed)  # a ConfigError (a UserError: 400), as the command line says it
     sampling = {
         "temperature": _field(data, "temperature", float, 1.0),
         "top_k": _field(data, "top_k", int, optional=True),
@@ -158,10 +150,12 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
         "greedy": _field(data, "greedy", bool, False),
     }
     SamplingOptions(**sampling)  # raises ConfigError (a UserError: 400) with the field and the rule
+    length_penalty = _field(data, "length_penalty", float, 1.0)
+    check_length_penalty(length_penalty)  # Python's JSON reader takes NaN and Infinity
     return GenerateRequest(
         prompt=_text(data, "prompt", limits), max_new_tokens=max_new,
         seed=secrets.randbelow(2**31) if seed is None else seed, beams=beams,
-        length_penalty=_finite(_field(data, "length_penalty", float, 1.0), "length_penalty"), sampling=sampling,
+        length_penalty=length_penalty, sampling=sampling,
     )
 
 
