@@ -43,7 +43,7 @@ def _compiler_line() -> str:
 
     cc = kernels._compiler()
     if cc is None:
-        return "none found (set CC; decoding then uses PyTorch's matmul)"
+        return "none found (set CC; decoding and training then use PyTorch's operations)"
     try:
         version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError):

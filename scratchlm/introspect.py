@@ -133,6 +133,31 @@ PRECISIONS = ("fp32", "bf16-mixed")
 _DTYPE_BYTES = {"f32": 4, "i64": 8, "bool": 1}
 
 
+def _attention_saves(cfg: GPTConfig, B: int, T: int, attention: str) -> list[tuple[str, int, str]]:
+    """What one block's attention keeps, between c_attn's input and c_proj's (saved_activations)."""
+    C, H, BT = cfg.n_embd, cfg.n_head, B * T
+    block: list[tuple[str, int, str]] = []
+    if attention == "sdpa":
+        block.append(("q, k, v (c_attn output)", 3 * BT * C, "act"))
+        if cfg.pos_embedding == "rope":
+            block.append(("q, k after rope", 2 * BT * C, "act"))
+            # a contiguous (B, H, T, hs) query gives an output in that layout, so c_proj's
+            # input becomes a copy after transpose(1, 2).contiguous()
+            block.append(("c_proj input (heads merged)", BT * C, "act"))
+        block.append(("attention output", BT * C, "act"))
+        block.append(("attention log-sum-exp", B * H * T, "f32"))
+    elif attention == "compiled":  # one call each way; the weights kept, each row padded to 16 keys
+        block.append(("q, k, v (c_attn output)", 3 * BT * C, "act"))
+        block.append(("attention weights", B * H * T * (-(-T // 16) * 16), "act"))
+        block.append(("attention output", BT * C, "act"))
+    else:  # the explicit path keeps the whole (T, T) weight matrix of every head
+        block.append(("q, k, v (contiguous copies)", 3 * BT * C, "act"))
+        block.append(("causal mask", T * T, "bool"))
+        block.append(("attention weights", B * H * T * T, "act"))
+        block.append(("c_proj input (heads merged)", BT * C, "act"))
+    return block
+
+
 def saved_activations(cfg: GPTConfig, batch_size: int, seq_len: int, attention: str = "sdpa") -> list[tuple[str, int, str]]:
     """The tensors autograd keeps from the forward pass for the backward pass, as
     (what, number of elements, kind). kind is `act` (matmul inputs and outputs: fp32, or bf16
@@ -144,7 +169,9 @@ def saved_activations(cfg: GPTConfig, batch_size: int, seq_len: int, attention: 
     output, GELU its input and output, LayerNorm its input, mean and 1/std, ...), counting a
     tensor once however many ops keep it (e.g. q, k and v are views of one c_attn output). The
     list follows PyTorch's kernels on the CPU; the tests compare it with what autograd really
-    saves. Dropout masks (dropout > 0) are not included.
+    saves. Dropout masks (dropout > 0) are not included. attention: "sdpa", "explicit", or
+    "compiled" for the model's default "auto" path where scratchlm.kernels.train_ops applies
+    (float32 on a CPU): its attention, with its GELU (which keeps as many numbers as PyTorch's).
     """
     B, T, C, H, N, V = batch_size, seq_len, cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.vocab_size
     BT, hidden = B * T, cfg.mlp_hidden
@@ -160,24 +187,13 @@ def saved_activations(cfg: GPTConfig, batch_size: int, seq_len: int, attention: 
     block: list[tuple[str, int, str]] = []
     block += norm_saves("norm 1")
     block.append(("c_attn input", BT * C, "act"))
-    if attention == "sdpa":
-        block.append(("q, k, v (c_attn output)", 3 * BT * C, "act"))
-        if cfg.pos_embedding == "rope":
-            block.append(("q, k after rope", 2 * BT * C, "act"))
-            # a contiguous (B, H, T, hs) query gives an output in that layout, so c_proj's
-            # input becomes a copy after transpose(1, 2).contiguous()
-            block.append(("c_proj input (heads merged)", BT * C, "act"))
-        block.append(("attention output", BT * C, "act"))
-        block.append(("attention log-sum-exp", B * H * T, "f32"))
-    else:  # the explicit path keeps the whole (T, T) weight matrix of every head
-        block.append(("q, k, v (contiguous copies)", 3 * BT * C, "act"))
-        block.append(("causal mask", T * T, "bool"))
-        block.append(("attention weights", B * H * T * T, "act"))
-        block.append(("c_proj input (heads merged)", BT * C, "act"))
+    block += _attention_saves(cfg, B, T, attention)
     block += norm_saves("norm 2")
     block.append(("c_fc input", BT * C, "act"))
     if cfg.activation == "relu":
         block.append(("relu output", BT * hidden, "act"))
+    elif cfg.activation == "gelu" and attention == "compiled":
+        block.append(("gelu derivative and output", 2 * BT * hidden, "act"))
     elif cfg.activation in ("gelu", "gelu_tanh"):
         block.append(("gelu input and output", 2 * BT * hidden, "act"))
     else:

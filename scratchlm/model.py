@@ -26,6 +26,7 @@ from torch.utils.checkpoint import checkpoint
 
 from scratchlm.config import GPTConfig
 from scratchlm.fused_loss import linear_cross_entropy
+from scratchlm.kernels import train_ops
 
 # The chunked head + loss pays where the (rows, V) scores are large. Below about a million scores
 # per forward (4 MiB of float32: the character vocabulary of English text at the baby shape) the
@@ -112,9 +113,10 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
-        # "sdpa": PyTorch's fused kernel (FlashAttention class where the device has one).
-        # "explicit": the textbook computation, which can hand back the attention weights.
-        self.impl = "sdpa"
+        # "auto": compiled code where it applies (float32 on a CPU, scratchlm.kernels.train_ops),
+        #   else "sdpa". "sdpa": PyTorch's fused kernel (FlashAttention class where the device has
+        #   one). "explicit": the textbook computation, which can hand back the attention weights.
+        self.impl = "auto"
 
     def forward(
         self,
@@ -132,7 +134,14 @@ class CausalSelfAttention(nn.Module):
         attention weights (B, H, T, T_keys) are appended to it.
         """
         B, T, C = x.shape
-        q, k, v = self.c_attn(x).split(self.n_embd, dim=2)  # (B, T, C) each
+        qkv = self.c_attn(x)  # (B, T, 3C)
+        dropout_p = self.dropout if self.training else 0.0
+        if self.impl == "auto" and weights_out is None and kv_cache is None and allowed is None and not dropout_p:
+            # float32 on a CPU: everything down to c_proj in one compiled call each way (None elsewhere)
+            y = train_ops.attention(qkv, rope, self.n_head)
+            if y is not None:
+                return self.resid_dropout(self.c_proj(y))
+        q, k, v = qkv.split(self.n_embd, dim=2)  # (B, T, C) each
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
         v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
@@ -145,9 +154,8 @@ class CausalSelfAttention(nn.Module):
         causal = allowed is None and T > 1
         if allowed is None and T != T_keys and T > 1:
             raise ValueError("a multi-position forward after cached positions needs an explicit mask")
-        dropout_p = self.dropout if self.training else 0.0
 
-        if self.impl == "sdpa" and weights_out is None:
+        if self.impl in ("auto", "sdpa") and weights_out is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))  # (B, H, T, T_keys) scores
@@ -183,7 +191,9 @@ class MLP(nn.Module):
         if self.activation == "relu":
             h = F.relu(h)
         elif self.activation == "gelu":
-            h = F.gelu(h)
+            # training in float32 on a CPU: compiled, keeping its derivative for the backward
+            fused = train_ops.gelu(h) if h.requires_grad else None
+            h = F.gelu(h) if fused is None else fused
         elif self.activation == "gelu_tanh":
             h = F.gelu(h, approximate="tanh")
         else:  # swiglu
@@ -297,9 +307,10 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def set_attention_impl(self, impl: str) -> None:
-        """Choose the attention path for every block: `sdpa` (fast) or `explicit` (teaching)."""
-        if impl not in ("sdpa", "explicit"):
-            raise ValueError(f"attention impl must be 'sdpa' or 'explicit', got {impl!r}")
+        """Choose the attention path for every block: `auto` (the default: compiled where it
+        applies, else `sdpa`), `sdpa` (PyTorch's fused kernel) or `explicit` (teaching)."""
+        if impl not in ("auto", "sdpa", "explicit"):
+            raise ValueError(f"attention impl must be 'auto', 'sdpa' or 'explicit', got {impl!r}")
         for block in self.transformer.h:
             block.attn.impl = impl
 

@@ -1,7 +1,24 @@
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 import torch
+
+
+# One build of the compiled kernels per test session (scratchlm.kernels), shared with the processes
+# the tests start: many of them point SCRATCHLM_CACHE at a fresh folder, where each would otherwise
+# build the library again (several seconds). The tests of the build itself clear this (test_kernels).
+_KERNEL_CACHE = None
+if not os.environ.get("SCRATCHLM_KERNEL_CACHE"):
+    _KERNEL_CACHE = tempfile.mkdtemp(prefix="scratchlm-test-kernels-")
+    os.environ["SCRATCHLM_KERNEL_CACHE"] = _KERNEL_CACHE
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _KERNEL_CACHE:
+        shutil.rmtree(_KERNEL_CACHE, ignore_errors=True)
 
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"

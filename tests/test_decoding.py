@@ -47,6 +47,7 @@ def _bf16_reference(model: GPT, round_output: bool = True, round_input: bool = T
     bfloat16 matmul returns bfloat16; the gemv kernel returns float32)."""
     ref = GPT(model.config).eval()
     ref.load_state_dict(model.state_dict())
+    ref.set_attention_impl("sdpa")  # PyTorch's SDPA, as before the compiled training attention (the tolerance below is tight)
     if model.config.tie_weights:  # the copy's lm_head is rounded, the embedding table is not
         ref.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
     for module in ref.modules():

@@ -97,5 +97,9 @@ def test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint(tmp_path
     model, _, info = ck.load_model(run)  # gathered into full tensors, not shards
     reference, _, _ = ck.load_model(tmp_path / "one")
     assert info["step"] == 8 and model.transformer.wte.weight.shape[1] == 32
+    # Adam divides each gradient by its own running size, so a float32 rounding difference in a
+    # near-zero gradient (the shards sum their halves in another order) moves that weight by up to
+    # a step's lr (1e-2): measured 7e-6 with PyTorch's GELU and 2.5e-5 with the compiled one after
+    # 8 steps. The losses above, equal to 1e-5 at every step, are the tight check.
     for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-4, msg=name)
+        torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4, msg=name)

@@ -190,6 +190,21 @@ def test_activation_estimate_matches_what_autograd_saves(overrides, attention):
     assert est.activations == measured
 
 
+@pytest.mark.skipif(__import__("scratchlm.kernels").kernels.cpu_kernels() is None, reason="no compiled kernels")
+@pytest.mark.parametrize("overrides", [dict(pos_embedding="rope", activation="gelu"),
+                                       dict(pos_embedding="learned", activation="relu", norm="rmsnorm")])
+def test_activation_estimate_of_the_compiled_path_matches_what_autograd_saves(overrides):
+    """Heads of 16: the default path runs the compiled attention (and GELU), which keep other
+    tensors than PyTorch's operations (scratchlm.kernels.train_ops); exact again."""
+    model = _model(n_embd=32, **overrides)
+    measured, _, _ = _saved_bytes(model, B_MEM, T_MEM)
+    est = ins.memory_estimate(model.config, B_MEM, T_MEM, "fp32", attention="compiled")
+    assert est.activations == measured
+    model.set_attention_impl("sdpa")  # and the same model on PyTorch's SDPA keeps what "sdpa" lists
+    measured, _, _ = _saved_bytes(model, B_MEM, T_MEM)
+    assert ins.memory_estimate(model.config, B_MEM, T_MEM, "fp32", attention="sdpa").activations == measured
+
+
 @pytest.mark.parametrize("overrides", VARIANTS[:3])
 def test_checkpointed_activation_estimate(overrides):
     """With checkpointing autograd keeps each block's input (and the parts outside the blocks);

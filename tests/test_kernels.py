@@ -127,7 +127,7 @@ def test_gemv_rejects_what_it_cannot_compute():
         KERNEL(torch.randn(1, 32), weight, torch.randn(15))
 
 
-SWITCHES = ("SCRATCHLM_NO_KERNELS", "SCRATCHLM_KERNEL_VARIANT", "SCRATCHLM_CPU_BF16")
+SWITCHES = ("SCRATCHLM_NO_KERNELS", "SCRATCHLM_KERNEL_VARIANT", "SCRATCHLM_CPU_BF16", "SCRATCHLM_KERNEL_CACHE")
 
 
 def _environment(**env: str) -> dict[str, str]:
@@ -145,7 +145,7 @@ def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=300)
     assert done.returncode == 0, done.stderr
     if done.stdout.startswith("build failed"):  # one line says so, no traceback
-        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: decoding kernels not used")
+        assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: compiled kernels not used")
     return done.stdout
 
 
@@ -189,7 +189,7 @@ def test_an_unknown_variant_falls_back_with_one_line(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("unknown variant 'avx9000'") and done.stdout.splitlines()[1] == "None"
-    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: decoding kernels not used")
+    assert len(done.stderr.splitlines()) == 1 and done.stderr.startswith("scratchlm: compiled kernels not used")
 
 
 def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):

@@ -1,7 +1,8 @@
-"""Small C kernels for decoding on a CPU, compiled on first use: a bfloat16 (or float32)
-matrix-vector product (gemv_bf16.c), one new position of attention against the KV cache (attend_one.c), and a whole
-decoding step of a pre-norm GPT in one call (decode_step.c), the last two built on the first's dot
-products (bf16_dot.h).
+"""Small C kernels for a CPU, compiled on first use.
+
+Decoding: a bfloat16 (or float32) matrix-vector product (gemv_bf16.c), one new position of
+attention against the KV cache (attend_one.c), and a whole decoding step of a pre-norm GPT in one
+call (decode_step.c), the last two built on the first's dot products (bf16_dot.h).
 
 Batch-1 decoding multiplies one row by every weight matrix, so a step costs the time to read the
 weights from memory. bfloat16 weights halve that, but the library paths read them well below
@@ -12,8 +13,13 @@ calls between them. `attend_one.c` does a layer's attention in one call
 (scratchlm.kernels.decode_step), so that a step is little more than the reading of its weights.
 How much each saved: benchmarks/measurements.md; the rates today: benchmarks/bench_decode.py.
 
+Training in float32: a layer's attention core, RoPE to the heads side by side again, forward and
+backward (train_attention.c), and the exact GELU with its derivative (train_gelu.c), both on the
+vectors of vec16.h; scratchlm.kernels.train_ops wraps them for autograd.
+
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
-or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`), once per source,
+or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`, or
+`$SCRATCHLM_KERNEL_CACHE` where set), once per source,
 compiler, CPU and variant, and loaded with ctypes. If there is no compiler, or the build fails, or
 SCRATCHLM_NO_KERNELS=1 is set, `cpu_kernels()` returns None and callers use PyTorch's own
 operations; `kernel_status()` says which and why (a failed build also prints one line).
@@ -45,8 +51,9 @@ from scratchlm import cpu
 from scratchlm.fileio import atomic_write, cache_home
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
-SOURCES = [SOURCE, Path(__file__).with_name("attend_one.c"), Path(__file__).with_name("decode_step.c")]  # one library
-HEADERS = [Path(__file__).with_name("bf16_dot.h"), Path(__file__).with_name("attention.h")]  # included by the sources: part of the cache key
+SOURCES = [SOURCE, *(Path(__file__).with_name(name) for name in
+                     ("attend_one.c", "decode_step.c", "train_attention.c", "train_gelu.c"))]  # one library
+HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dot.h", "attention.h", "vec16.h")]  # included by the sources: part of the cache key
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 
 GEMV_PARALLEL_MIN = 1 << 16
@@ -84,7 +91,8 @@ _warned: set[str] = set()
 
 
 def _cache_dir() -> Path:
-    return cache_home() / "kernels"
+    env = os.environ.get("SCRATCHLM_KERNEL_CACHE")
+    return Path(env).expanduser() if env else cache_home() / "kernels"
 
 
 def _compiler() -> str | None:
@@ -195,6 +203,23 @@ class CpuKernels:
         self.greedy_fn = lib.scratchlm_decode_greedy  # several greedy steps: decode_step.FusedDecodeStep.greedy
         self.greedy_fn.restype = ctypes.c_int
         self.greedy_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
+        # training (scratchlm.kernels.train_ops): a layer's attention core each way, and GELU
+        self.attention_forward_fn = lib.scratchlm_train_attention_forward
+        self.attention_forward_fn.restype = ctypes.c_int
+        self.attention_forward_fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        self.attention_backward_fn = lib.scratchlm_train_attention_backward
+        self.attention_backward_fn.restype = ctypes.c_int
+        self.attention_backward_fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_int]
+        for name in ("max_t", "max_hs", "hs_multiple"):
+            fn = getattr(lib, f"scratchlm_train_attention_{name}")
+            fn.restype = ctypes.c_int64
+            setattr(self, f"attention_{name}", fn())
+        self.attention_row_stride = lib.scratchlm_train_attention_row_stride  # (T) -> floats a row of weights takes
+        self.attention_row_stride.restype = ctypes.c_int64
+        self.attention_row_stride.argtypes = [ctypes.c_int64]
+        self.gelu_fn = lib.scratchlm_gelu_forward
+        self.gelu_fn.restype = ctypes.c_int
+        self.gelu_fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         n_out, k = weight.shape
@@ -274,13 +299,13 @@ def load_variant(variant: str) -> CpuKernels | None:
             if kernel is None and reason.startswith(("build failed", "unknown", "not runnable")) \
                     and variant not in _warned:
                 _warned.add(variant)
-                print(f"scratchlm: decoding kernels not used: {reason} (`scratchlm doctor` says more)",
+                print(f"scratchlm: compiled kernels not used: {reason} (`scratchlm doctor` says more)",
                       file=sys.stderr)
         return _loaded[variant][0]
 
 
 def kernel_status(variant: str | None = None) -> str:
-    """One line: whether the decoding kernels are in use (variant, loop, rounding), or why not."""
+    """One line: whether the compiled kernels are in use (variant, decoding loop, rounding), or why not."""
     variant = variant or selected_variant()
     kernel = load_variant(variant)
     reason = _loaded[variant][1]
@@ -292,16 +317,16 @@ def kernel_status(variant: str | None = None) -> str:
 
 def _load(variant: str) -> tuple[CpuKernels | None, str]:
     if os.environ.get("SCRATCHLM_NO_KERNELS", "") not in ("", "0"):
-        return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's matmul"
+        return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's operations"
     if variant not in VARIANTS:
-        return None, f"unknown variant {variant!r} (SCRATCHLM_KERNEL_VARIANT; one of {', '.join(VARIANTS)}): PyTorch's matmul"
+        return None, f"unknown variant {variant!r} (SCRATCHLM_KERNEL_VARIANT; one of {', '.join(VARIANTS)}): PyTorch's operations"
     if sys.platform != "linux":
-        return None, f"not built on {sys.platform} (Linux only): PyTorch's matmul"
+        return None, f"not built on {sys.platform} (Linux only): PyTorch's operations"
     if variant not in runnable_variants():
-        return None, f"not runnable: this CPU cannot execute variant {variant!r} (it can: {', '.join(runnable_variants())}): PyTorch's matmul"
+        return None, f"not runnable: this CPU cannot execute variant {variant!r} (it can: {', '.join(runnable_variants())}): PyTorch's operations"
     cc = _compiler()
     if cc is None:
-        return None, "no C compiler found (set CC): PyTorch's matmul"
+        return None, "no C compiler found (set CC): PyTorch's operations"
     try:
         path, flags = _build(cc, variant)
         try:
@@ -312,4 +337,4 @@ def _load(variant: str) -> tuple[CpuKernels | None, str]:
             lib = ctypes.CDLL(str(path))
         return CpuKernels(lib, path, variant, flags), "compiled"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
-        return None, f"build failed ({e}): PyTorch's matmul"
+        return None, f"build failed ({e}): PyTorch's operations"

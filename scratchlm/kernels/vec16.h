@@ -1,0 +1,66 @@
+/* Vectors of 16 floats for the training kernels (train_attention.c, train_gelu.c), written with
+ * GCC/Clang vector types (GCC 4.7 on, any Clang), which the compiler maps to the CPU's registers:
+ * one AVX-512 register, two AVX2 ones, four SSE or NEON ones. Plain loops over floats leave the choice to the
+ * auto-vectoriser, which left the exponential below as scalar code (the attention kernel took twice
+ * as long). */
+#ifndef SCRATCHLM_VEC16_H
+#define SCRATCHLM_VEC16_H
+
+#include <stdint.h>
+#include <string.h>
+
+#define VEC 16
+
+typedef float vf __attribute__((vector_size(VEC * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(VEC * sizeof(int32_t))));
+
+static inline vf load(const float *p)
+{
+    vf v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store(float *p, vf v) { memcpy(p, &v, sizeof v); }
+
+static inline vf splat(float x)  /* not (vf){0} + x, which turns -0.0 into +0.0 */
+{
+    vf v;
+    for (int k = 0; k < VEC; k++) v[k] = x;
+    return v;
+}
+
+/* e^x for x <= 0 (or -infinity), VEC at a time: e^x = 2^n e^r with |r| <= ln2/2, e^r by Cephes'
+ * degree-6 polynomial for float32 (within about 2 ulp of expf). Below -87 (e^-87 is about 1.6e-38,
+ * where float32 turns subnormal) the result is 0. */
+static inline vf exp_neg(vf x_in)
+{
+    const vi below = x_in < -87.0f;
+    const vf x = (vf)(((vi)x_in & ~below) | ((vi)splat(-87.0f) & below));
+    const vf y = x * 1.44269504088896341f - 0.5f;
+    vi n_int;
+    vf n;
+    for (int k = 0; k < VEC; k++) {  /* lane by lane (compiled to one conversion each way) */
+        n_int[k] = (int32_t)y[k];  /* truncation; with y <= -0.5 it rounds x log2(e) to nearest */
+        n[k] = (float)n_int[k];
+    }
+    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* ln2 in two parts */
+    vf p = splat(1.9875691500e-4f);
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const vf two_n = (vf)((n_int + 127) << 23);
+    return (vf)((vi)(p * two_n) & ~below);
+}
+
+static inline float sum_lanes(vf v)
+{
+    float s = 0.0f;
+    for (int k = 0; k < VEC; k++) s += v[k];
+    return s;
+}
+
+#endif
