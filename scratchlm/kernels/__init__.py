@@ -15,7 +15,7 @@ How much each saved: benchmarks/measurements.md; the rates today: benchmarks/ben
 
 Training in float32: a layer's attention core, RoPE to the heads side by side again, forward and
 backward (train_attention.c), and the exact GELU with its derivative (train_gelu.c), both on the
-vectors of vec16.h; scratchlm.kernels.train_ops wraps them for autograd.
+vectors of vec.h; scratchlm.kernels.train_ops wraps them for autograd.
 
 The C files are compiled here into one library, with the system's C compiler (`$CC`, else `cc`
 or `gcc`), into `~/.cache/scratchlm/kernels/` (or `$SCRATCHLM_CACHE/kernels/`, or
@@ -53,7 +53,7 @@ from scratchlm.fileio import atomic_write, cache_home
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, *(Path(__file__).with_name(name) for name in
                      ("attend_one.c", "decode_step.c", "train_attention.c", "train_gelu.c"))]  # one library
-HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dot.h", "attention.h", "vec16.h")]  # included by the sources: part of the cache key
+HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dot.h", "attention.h", "vec.h")]  # included by the sources: part of the cache key
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 
 GEMV_PARALLEL_MIN = 1 << 16

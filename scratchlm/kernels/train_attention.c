@@ -16,11 +16,10 @@
  * dy:    (B, T, C) float32, the gradient reaching y
  * dqkv:  (B, T, 3C) float32, the gradient of qkv, every element written
  *
- * hs must be a multiple of VEC (16) and at most MAX_HS; T at most MAX_T (else -2, and the caller
- * uses PyTorch's attention). Float32 throughout; sums in the order of the loops below (PyTorch's
- * order differs, so results agree to float32 rounding, not bit for bit). The loops are written on
- * GCC/Clang vector types of 16 floats, which the compiler maps to the CPU's registers (one
- * AVX-512 register, two AVX2 ones, four NEON or SSE ones). Built with the decoding kernels
+ * hs must be a multiple of 16 and at most MAX_HS; T at most MAX_T (else -2, and the caller uses
+ * PyTorch's attention). Float32 throughout; sums in the order of the loops below (PyTorch's order
+ * differs, so results agree to float32 rounding, not bit for bit). The loops are written on the
+ * vector types of vec.h, as wide as the CPU's registers. Built with the decoding kernels
  * (kernels/__init__.py).
  */
 #include <math.h>
@@ -28,17 +27,20 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "vec16.h"
+#include "vec.h"
 
 #define MAX_T 256
 #define MAX_HS 256
 
-/* A row of scores: T keys, padded to whole vectors. */
-static inline int64_t row_stride(int64_t T) { return (T + VEC - 1) / VEC * VEC; }
+/* Rows of scores and head widths come in multiples of PAD floats: whole vectors at every width. */
+#define PAD 16
+
+/* A row of scores: T keys, padded. */
+static inline int64_t row_stride(int64_t T) { return (T + PAD - 1) / PAD * PAD; }
 
 int64_t scratchlm_train_attention_max_t(void) { return MAX_T; }
 int64_t scratchlm_train_attention_max_hs(void) { return MAX_HS; }
-int64_t scratchlm_train_attention_hs_multiple(void) { return VEC; }
+int64_t scratchlm_train_attention_hs_multiple(void) { return PAD; }
 int64_t scratchlm_train_attention_row_stride(int64_t T) { return row_stride(T); }
 
 
@@ -141,7 +143,7 @@ static inline __attribute__((always_inline)) void head_forward(
 
 static int unsupported(int64_t T, int64_t hs)
 {
-    return T < 1 || T > MAX_T || hs < VEC || hs % VEC || hs > MAX_HS;
+    return T < 1 || T > MAX_T || hs < PAD || hs % PAD || hs > MAX_HS;
 }
 
 int scratchlm_train_attention_forward(const float *qkv, const float *cos, const float *sin, float *probs,

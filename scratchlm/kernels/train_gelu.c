@@ -15,13 +15,13 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "vec16.h"
+#include "vec.h"
 
 #define INV_SQRT2 0.70710678118654752f
 #define INV_SQRT_2PI 0.39894228040143268f
 #define GELU_CHUNK 4096 /* floats a thread takes at a time */
 
-static inline void gelu16(vf x, vf *y, vf *dydx)
+static inline void gelu_vec(vf x, vf *y, vf *dydx)
 {
     const vi negative = x < 0.0f;
     const vf z = (vf)((vi)(x * INV_SQRT2) & ~(vi)splat(-0.0f));  /* |x| / sqrt 2 */
@@ -47,14 +47,14 @@ int scratchlm_gelu_forward(const float *x, float *y, float *dydx, int64_t n, int
         int64_t i = start;
         vf a, b;
         for (; i + VEC <= end; i += VEC) {
-            gelu16(load(x + i), &a, &b);
+            gelu_vec(load(x + i), &a, &b);
             store(y + i, a);
             store(dydx + i, b);
         }
         if (i < end) {  /* the last few: through a padded vector */
             float in[VEC] = {0}, out_y[VEC], out_d[VEC];
             memcpy(in, x + i, (size_t)(end - i) * sizeof(float));
-            gelu16(load(in), &a, &b);
+            gelu_vec(load(in), &a, &b);
             store(out_y, a);
             store(out_d, b);
             memcpy(y + i, out_y, (size_t)(end - i) * sizeof(float));
