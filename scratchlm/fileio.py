@@ -13,8 +13,9 @@ from typing import IO
 
 def cache_home() -> Path:
     """scratchlm's cache folder: $SCRATCHLM_CACHE, else ~/.cache/scratchlm. Prepared data goes in
-    its data/ (scratchlm.data.cache_root), the compiled decoding kernels in kernels/, the measured
-    CPU matmul peak in cpu_peak.json."""
+    its data/ (scratchlm.data.cache_root), the compiled kernels (decoding and training) in kernels/
+    unless $SCRATCHLM_KERNEL_CACHE names another folder, the measured CPU matmul peak in
+    cpu_peak.json."""
     env = os.environ.get("SCRATCHLM_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm"
 

@@ -16,8 +16,8 @@
  * dy:    (B, T, C) float32, the gradient reaching y
  * dqkv:  (B, T, 3C) float32, the gradient of qkv, every element written
  *
- * hs must be a multiple of 16 and at most MAX_HS; T at most MAX_T (else -2, and the caller uses
- * PyTorch's attention). Float32 throughout; sums in the order of the loops below (PyTorch's order
+ * hs must be a multiple of 16 and at most MAX_HS; T at most MAX_T, else -2 (train_ops checks these
+ * limits before calling, and uses PyTorch's attention outside them). Float32 throughout; sums in the order of the loops below (PyTorch's order
  * differs, so results agree to float32 rounding, not bit for bit). The loops are written on the
  * vector types of vec.h, as wide as the CPU's registers. Built with the decoding kernels
  * (kernels/__init__.py).
