@@ -120,7 +120,7 @@ def attention(qkv: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None,
     if _plain_unsupported(qkv) is not None or _shape_unsupported(qkv, rope, n_head) is not None:
         return None
     kernels = kernels if kernels is not None else cpu_kernels()
-    if attention_unsupported(qkv, rope, n_head, kernels) is not None:
+    if kernels is None:  # the rest of attention_unsupported's checks passed above
         return None
     cos, sin = rope if rope is not None else (None, None)
     return _Attention.apply(qkv, cos, sin, n_head, kernels)
@@ -159,7 +159,7 @@ def gelu(x: torch.Tensor, kernels: CpuKernels | None = None) -> torch.Tensor | N
     if _plain_unsupported(x) is not None:
         return None
     kernels = kernels if kernels is not None else cpu_kernels()
-    if gelu_unsupported(x, kernels) is not None:
+    if kernels is None:  # gelu_unsupported's other checks passed above
         return None
     return _Gelu.apply(x, kernels)
 
