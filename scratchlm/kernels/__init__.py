@@ -53,7 +53,7 @@ from scratchlm.fileio import atomic_write, cache_home
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, *(Path(__file__).with_name(name) for name in
                      ("attend_one.c", "decode_step.c", "train_attention.c", "train_gelu.c"))]  # one library
-HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dot.h", "attention.h", "vec.h")]  # included by the sources: part of the cache key
+HEADERS = [Path(__file__).with_name(name) for name in ("bf16_dot.h", "attention.h", "vec.h", "exp_poly.h")]  # included by the sources: part of the cache key
 BASE_FLAGS = ["-O3", "-shared", "-fPIC", "-std=c11"]
 
 GEMV_PARALLEL_MIN = 1 << 16

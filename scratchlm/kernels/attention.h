@@ -7,6 +7,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "exp_poly.h"
+
 /* e^x in float32 without a call or a branch, so that loops over it vectorise (libm's expf and
  * tanhf are scalar calls unless -ffast-math, which would loosen every other line here too).
  * Cephes' expf: x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two parts, so r is exact), e^r
@@ -17,15 +19,9 @@ static inline float exp_vec(float x)
 {
     x = x < -87.0f ? -87.0f : x;
     x = x > 88.0f ? 88.0f : x;
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
-    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    float p = 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    const float n = (x * EXP_LOG2E + 12582912.0f) - 12582912.0f; /* + 1.5 * 2^23: rounds to an integer */
+    const float r = EXP_REDUCE(x, n);
+    const float p = EXP_POLY(r);
     union { int32_t i; float f; } scale = {.i = ((int32_t)n + 127) << 23};
     return p * scale.f;
 }

@@ -11,6 +11,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "exp_poly.h"
+
 #if defined(__AVX512F__)
 #define VEC 16
 #elif defined(__AVX__)
@@ -45,21 +47,15 @@ static inline vf exp_neg(vf x_in)
 {
     const vi below = x_in < -87.0f;
     const vf x = (vf)(((vi)x_in & ~below) | ((vi)splat(-87.0f) & below));
-    const vf y = x * 1.44269504088896341f - 0.5f;
+    const vf y = x * EXP_LOG2E - 0.5f;
     vi n_int;
     vf n;
     for (int k = 0; k < VEC; k++) {  /* lane by lane (compiled to one conversion each way) */
         n_int[k] = (int32_t)y[k];  /* truncation; with y <= -0.5 it rounds x log2(e) to nearest */
         n[k] = (float)n_int[k];
     }
-    const vf r = x - n * 0.693359375f + n * 2.12194440e-4f;  /* ln2 in two parts */
-    vf p = splat(1.9875691500e-4f);
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
+    const vf r = EXP_REDUCE(x, n);
+    const vf p = EXP_POLY(r);
     const vf two_n = (vf)((n_int + 127) << 23);
     return (vf)((vi)(p * two_n) & ~below);
 }
