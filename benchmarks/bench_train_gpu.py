@@ -6,7 +6,8 @@ FlashAttention kernel, beside Hugging Face's `GPT2LMHeadModel` of the same size 
 (bfloat16 autocast, its SDPA attention, compiled too, fused AdamW). Reported per model: tokens/s
 (min and median of timed blocks of steps), peak allocated GPU memory, and MFU: training FLOPs per
 token (scratchlm.flops.flops_per_token: the count `scratchlm inspect` prints) x tokens/s over the
-GPU's datasheet dense bf16 peak (scratchlm.flops.device_peak_flops; None for a GPU not in its table).
+GPU's datasheet dense bf16 peak (scratchlm.flops.device_peak; None for a GPU not in its table; on a
+CPU, the bound from its cores, clock and FLOPs per cycle).
 
     python -m benchmarks.bench_train_gpu                       # needs CUDA; says so and stops otherwise
     python -m benchmarks.bench_train_gpu --batch 8 --steps 10  # a smaller or shorter run
@@ -118,7 +119,7 @@ def time_blocks(step: Callable[[], Any], device: torch.device, steps: int, block
 
 def _measure(name: str, make: Callable, config: GPTConfig, b: int, device: torch.device, compile: bool,
              flash: bool, steps: int, blocks: int, warmup: int) -> dict[str, Any]:
-    from scratchlm.flops import device_peak_flops, flops_per_token
+    from scratchlm.flops import device_peak, flops_per_token
 
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -134,13 +135,13 @@ def _measure(name: str, make: Callable, config: GPTConfig, b: int, device: torch
     tokens = b * config.block_size
     n_params = sum(p.numel() for p in model.parameters())  # a tied matrix once
     flops = flops_per_token(config).training
-    peak = device_peak_flops(device, "bfloat16")
+    peak, peak_source = device_peak(device, "bfloat16") or (None, None)
     median = statistics.median(per_step)
     return {
         "name": name, "params": n_params, "warmup_s": warmup_s, "step_min_s": min(per_step), "step_median_s": median,
         "best_tok_s": tokens / min(per_step), "median_tok_s": tokens / median,
         "peak_memory_mb": torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None,
-        "peak_flops": peak, "mfu": flops * tokens / median / peak if peak else None,
+        "peak_flops": peak, "peak_source": peak_source, "mfu": flops * tokens / median / peak if peak else None,
     }
 
 

@@ -243,8 +243,9 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
             rows.append((where, model, _num(m["best_tok_s"], 0), _num(m["median_tok_s"], 0), "tok/s"))
             if m.get("mfu") is not None:
                 peak = m["peak_flops"]
-                peak_text = f"{peak / 1e12:.0f} TFLOP/s datasheet" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s measured"
-                rows.append((where, f"{model} MFU (of {peak_text} bf16)", "", _num(100 * m["mfu"]), "%"))
+                kind = "bound" if r["device"] == "cpu" else "datasheet"  # a CPU's: cores x clock x FLOP/cycle
+                peak_text = f"{peak / 1e12:.0f} TFLOP/s" if peak >= 1e12 else f"{peak / 1e9:.0f} GFLOP/s"
+                rows.append((where, f"{model} MFU (of {peak_text} {kind} bf16)", "", _num(100 * m["mfu"]), "%"))
             if m.get("peak_memory_mb") is not None:
                 rows.append((where, f"{model} peak allocated memory", "", _num(m["peak_memory_mb"], 0), "MB"))
     elif name == "serve":

@@ -20,6 +20,8 @@ import os
 import platform
 from pathlib import Path
 
+from scratchlm.envflags import env_switch
+
 _ONEDNN_BF16_LEVELS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
 
 
@@ -68,9 +70,9 @@ def native_bf16() -> bool:
 
 def bf16_reason() -> tuple[bool, str]:
     """(native_bf16(), why), the why in a few words for `scratchlm doctor` and the logs."""
-    forced = os.environ.get("SCRATCHLM_CPU_BF16", "")
-    if forced in ("0", "1"):
-        return forced == "1", f"SCRATCHLM_CPU_BF16={forced}"
+    forced = env_switch("SCRATCHLM_CPU_BF16")  # None when unset; a UserError for a value it does not take
+    if forced is not None:
+        return forced, f"SCRATCHLM_CPU_BF16={os.environ['SCRATCHLM_CPU_BF16'].strip()}"
     isa = os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper()
     if isa and is_x86() and not isa.startswith(_ONEDNN_BF16_LEVELS):
         return False, f"ONEDNN_MAX_CPU_ISA={isa} (below bfloat16)"
@@ -83,7 +85,7 @@ def bf16_reason() -> tuple[bool, str]:
 
 def forced_off() -> bool:
     """True when SCRATCHLM_CPU_BF16=0 hides a bfloat16 unit the hardware has."""
-    return os.environ.get("SCRATCHLM_CPU_BF16", "") == "0" and hardware_bf16()
+    return env_switch("SCRATCHLM_CPU_BF16") is False and hardware_bf16()
 
 
 def auto_dtype(device) -> str:
@@ -119,3 +121,98 @@ def matmul_flops(dtype, n: int = 512, bursts: int = 6, burst_s: float = 0.03) ->
             reps += 1
         best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
     return best
+
+
+# The peak that MFU divides by on a CPU: an upper bound built from what the chip can issue, never
+# a measurement. A measured peak (the best burst of a matmul probe) depends on the moment it was
+# taken: probed on a busy machine it came out low and a run then showed MFU over 100%. The bound
+# is cores x the highest clock x the most multiply-add FLOPs a core can issue per cycle for the
+# dtype, each factor taken at its largest, so no run can reach past it.
+
+CLOCK_CEILING_GHZ = 6.2
+"""The fastest any CPU core on sale is clocked (2026); the bound uses it where the operating
+system does not say the highest clock (virtual machines often do not)."""
+
+
+def max_clock_ghz() -> tuple[float, str]:
+    """(the highest clock a core of this CPU may run at, in GHz; where that figure comes from).
+
+    `SCRATCHLM_CPU_MAX_GHZ` states it (for a virtual machine whose host CPU you know); else the
+    largest `cpuinfo_max_freq` Linux reports (turbo included); else CLOCK_CEILING_GHZ."""
+    stated = os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip()
+    if stated:
+        from scratchlm.errors import UserError
+
+        try:
+            ghz = float(stated)
+        except ValueError:
+            ghz = float("nan")
+        if not 0.1 <= ghz <= 20:  # also refuses nan and inf
+            raise UserError(f"SCRATCHLM_CPU_MAX_GHZ={stated!r}: give the CPU's highest clock in GHz, a number such as 3.5")
+        return ghz, "SCRATCHLM_CPU_MAX_GHZ"
+    found = []
+    for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+        try:
+            found.append(int(path.read_text().strip()) / 1e6)  # kHz
+        except (OSError, ValueError):
+            continue
+    if found and max(found) > 0:
+        return max(found), "cpufreq"
+    return CLOCK_CEILING_GHZ, "the ceiling: this system does not report its highest clock"
+
+
+def flops_per_cycle(dtype: str, flags: frozenset[str] | None = None, x86: bool | None = None) -> tuple[int, str] | None:
+    """(the most matmul FLOPs one core can issue per cycle in `dtype`, the unit that does them), or
+    None where no bound is known (another architecture; a matrix unit such as Arm's SME).
+
+    Two fused multiply-add pipes per core on x86 (the most any x86 core has): 16 float32 lanes
+    each with AVX-512, 8 with AVX2, and without FMA 8 adds and 8 multiplies with AVX, 4 each with
+    SSE. AVX512-BF16's dot product does two bfloat16 products per float32 lane, AVX512-FP16 a
+    float16 product in each of 32 lanes; AMX's tiles are bounded at 2048 (twice the rate Intel
+    documents, so the bound holds for any generation). On aarch64 at most 64 float32 FLOPs
+    (four 128-bit pipes, or two 512-bit SVE pipes) and four times that with BF16 or FP16 matrix
+    instructions. bfloat16 or float16 without units of its own runs at the float32 rate or slower."""
+    flags = cpu_flags() if flags is None else flags
+    x86 = is_x86() if x86 is None else x86
+    if x86:
+        if "avx512f" in flags:
+            fp32, unit = 64, "AVX-512 FMA"
+        elif "fma" in flags and "avx2" in flags:
+            fp32, unit = 32, "AVX2 FMA"
+        elif "avx" in flags:
+            fp32, unit = 16, "AVX"
+        else:
+            fp32, unit = 8, "SSE"
+        half = {"bfloat16": ("amx_bf16", "avx512_bf16", "AMX-BF16", "AVX512-BF16"),
+                "float16": ("amx_fp16", "avx512_fp16", "AMX-FP16", "AVX512-FP16")}.get(dtype)
+        if half and half[0] in flags:
+            return 2048, half[2]
+        if half and half[1] in flags:
+            return 128, half[3]
+        return fp32, unit
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        if "sme" in flags:
+            return None
+        if dtype == "bfloat16" and "bf16" in flags:
+            return 256, "Arm BF16"
+        if dtype == "float16" and "fphp" in flags:
+            return 256, "Arm FP16"
+        return 64, "Arm NEON/SVE FMA"
+    return None
+
+
+def peak_flops_bound(dtype: str, threads: int) -> tuple[float, str] | None:
+    """(an upper bound on this CPU's matmul FLOP/s in `dtype` with `threads` threads, how it was
+    made), or None where flops_per_cycle knows no bound. Threads beyond the cores this process may
+    use add nothing."""
+    per_cycle = flops_per_cycle(dtype)
+    if per_cycle is None:
+        return None
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cores = os.cpu_count() or 1
+    cores = max(1, min(threads, cores))
+    ghz, clock_source = max_clock_ghz()
+    flops, unit = per_cycle
+    return cores * ghz * 1e9 * flops, f"{cores} cores x {ghz:g} GHz ({clock_source}) x {flops} FLOP/cycle ({unit})"

@@ -9,14 +9,12 @@ without embeddings) is shown beside it by inspect, not used.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import torch
 
 from scratchlm.config import GPTConfig
-from scratchlm.cpu import cpu_name, matmul_flops
-from scratchlm.fileio import atomic_write, cache_home
+from scratchlm.cpu import peak_flops_bound
 
 
 def count_params(cfg: GPTConfig) -> dict[str, int]:
@@ -97,33 +95,17 @@ _GPU_PEAKS = {
 }
 
 
-def device_peak_flops(device: torch.device, dtype: str) -> float | None:
-    """Peak matmul FLOP/s of the device: a table for GPUs, a short cached probe on CPUs."""
+def device_peak(device: torch.device, dtype: str) -> tuple[float, str] | None:
+    """(peak matmul FLOP/s of the device in `dtype`, where that figure comes from), or None where
+    none is known. A GPU's dense datasheet figure; on a CPU an upper bound from its cores, highest
+    clock and FLOPs per cycle (scratchlm.cpu.peak_flops_bound), never a measurement, so that MFU is
+    a share no run can exceed and two runs on one machine divide by the same number."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, (half, single) in _GPU_PEAKS.items():
             if key in name:
-                return half if dtype != "float32" else single
+                return (half, f"{key} datasheet, 16-bit") if dtype != "float32" else (single, f"{key} datasheet, float32")
         return None
     if device.type != "cpu":
         return None
-    probe_dtype = "bfloat16" if dtype == "bfloat16" else "float32"
-    key = f"best-of-bursts|{cpu_name()}|threads={torch.get_num_threads()}|torch={torch.__version__}|{probe_dtype}"
-    path = cache_home() / "cpu_peak.json"
-    try:
-        table = json.loads(path.read_text())
-    except (OSError, ValueError):
-        table = {}
-    # A measured peak, not a datasheet one: MFU on CPU says how close the run comes to this
-    # machine's own best large matmul. Other processes slow the probe down, so every run probes
-    # again (under half a second) and the cache keeps the best figure ever seen.
-    measured = matmul_flops(getattr(torch, probe_dtype), bursts=12)  # leaves torch's random state as it was
-    if measured > table.get(key, 0.0):
-        table[key] = measured
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with atomic_write(path, "w") as f:
-                f.write(json.dumps(table, indent=1))
-        except OSError:
-            pass  # a read-only cache only loses the memory of a better figure
-    return table[key]
+    return peak_flops_bound(dtype, torch.get_num_threads())

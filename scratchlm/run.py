@@ -24,7 +24,7 @@ from scratchlm.cpu import auto_dtype
 from scratchlm.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.evaluation import RankBatches, evaluate, evaluate_full, sample_text
-from scratchlm.flops import device_peak_flops, flops_per_token, si_units
+from scratchlm.flops import device_peak, flops_per_token, si_units
 from scratchlm.memory import check_model_fits
 from scratchlm.model import GPT
 from scratchlm.optim import make_optimizer
@@ -108,7 +108,9 @@ class Run:
             ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)
         self.reporter = Reporter(cfg, self.run_dir, d.is_main, self.step)
         self.tokens_per_step = cfg.batch_size * self.block_size * cfg.grad_accum * d.world_size
-        self.peak = device_peak_flops(device, cfg.dtype) if d.is_main else None
+        # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from)
+        self.peak_source = device_peak(device, cfg.dtype) if d.is_main else None
+        self.peak = self.peak_source[0] if self.peak_source else None
         self.flops_token = flops_per_token(self.model_config).training  # the count `scratchlm inspect` prints
         self.losses: dict[int, float] = {}
         self.val_loss = self.bpb = None
@@ -186,6 +188,7 @@ class Run:
             f"device {self.device}" + (f" x{d.world_size}" if d.enabled else "")
             + (f", resuming at step {self.step}" if self.resume_ckpt is not None else "")
             + (f", starting from the {self.source.description}" if self.source is not None else "")
+            + (f"; MFU is of {si_units(self.peak)}FLOP/s: {self.peak_source[1]}" if self.peak_source else "")
         )
 
     def begin(self) -> None:
