@@ -14,6 +14,7 @@ import sys
 
 from scratchlm import cli_inside
 from scratchlm.cli_flags import add_field_flags
+from scratchlm.envflags import check_switches
 from scratchlm.errors import UserError
 from scratchlm.serve.cli import add_serve
 
@@ -417,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        check_switches()  # SCRATCHLM_NO_KERNELS=no and the like: refused before any work
         return int(args.run(args) or 0)
     except UserError as exc:
         if args.debug:

@@ -231,16 +231,6 @@ def test_flags_the_compiler_refuses_are_dropped_in_turn(tmp_path):
 
 
 @needs_kernel
-def test_a_damaged_cached_library_is_rebuilt(tmp_path):
-    _status_in_subprocess({}, tmp_path)
-    (built,) = (tmp_path / "cache" / "kernels").glob("*.so")
-    built.write_bytes(b"not a shared library")
-    out = _status_in_subprocess({}, tmp_path)
-    assert out.startswith("compiled"), out
-    assert built.read_bytes()[:4] == b"\x7fELF"
-
-
-@needs_kernel
 @pytest.mark.parametrize("B, H, hs, t_max, pos", [(1, 12, 64, 32, 0), (2, 3, 16, 20, 7), (3, 2, 5, 9, 8)])
 def test_attend_one_matches_softmax_attention_done_here(B, H, hs, t_max, pos):
     g = torch.Generator().manual_seed(B * 100 + pos)
@@ -264,3 +254,129 @@ def test_attend_one_matches_softmax_attention_done_here(B, H, hs, t_max, pos):
     assert torch.equal(v_cache[:, :, others], before_v[:, :, others])
     with pytest.raises(ValueError):
         KERNEL.attend_one(qkv, k_cache, v_cache, t_max, H)  # past the end of the cache
+
+
+# ------------------------------------------------------------------ a damaged cache is never loaded
+# The build records the library's size, sha256 and flags (NAME.record.json, written last); a
+# library that does not match is built again, or, where that fails, left out with one line.
+
+DAMAGES = ("truncated library", "another library in its place", "binary record and flags", "no record")
+
+
+def _damage(library: Path, damage: str) -> None:
+    record = library.with_suffix(".record.json")
+    if damage == "truncated library":  # as `head -c 4096` leaves it: a valid ELF header, then nothing
+        library.write_bytes(library.read_bytes()[:4096])
+    elif damage == "another library in its place":  # a real shared library, but not ours
+        import _ctypes
+
+        library.write_bytes(Path(_ctypes.__file__).read_bytes())
+    elif damage == "binary record and flags":
+        record.write_bytes(bytes(range(256)) * 4)
+        library.with_suffix(".flags").write_bytes(b"\xff\xfe\x00-O3\x80")  # an older scratchlm's flags file
+    else:
+        record.unlink()
+
+
+def _cache_copy(tmp_path: Path) -> Path:
+    """A kernel cache holding a copy of the session's verified library and its record (no build)."""
+    cache = tmp_path / "kernels"
+    cache.mkdir()
+    for path in (KERNEL.path, KERNEL.path.with_suffix(".record.json")):
+        (cache / path.name).write_bytes(path.read_bytes())
+    return cache / KERNEL.path.name
+
+
+@needs_kernel
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_library_that_does_not_match_its_record_is_not_trusted(tmp_path, damage):
+    library = _cache_copy(tmp_path)
+    assert kernels.verified_flags(library) == KERNEL.flags  # the copy as built: trusted
+    _damage(library, damage)
+    assert kernels.verified_flags(library) is None
+
+
+@needs_kernel
+def test_a_record_for_other_bytes_or_without_flags_is_not_trusted(tmp_path):
+    import hashlib
+    import json
+
+    library = _cache_copy(tmp_path)
+    record = library.with_suffix(".record.json")
+    data = library.read_bytes()
+    right = {"size": len(data), "sha256": hashlib.sha256(data).hexdigest(), "flags": ["-O3"]}
+    for wrong in ({**right, "sha256": hashlib.sha256(data[:-1]).hexdigest()}, {**right, "size": len(data) - 1},
+                  {**right, "flags": "-O3"}, {**right, "flags": [3]}, [right], "text"):
+        record.write_text(json.dumps(wrong))
+        assert kernels.verified_flags(library) is None, wrong
+    record.write_text(json.dumps(right))  # the record written here, by hand, from the bytes: trusted
+    assert kernels.verified_flags(library) == ["-O3"]
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory) -> Path:
+    """A 2-step run of a 1-layer char model, trained in a subprocess on the PyTorch path."""
+    base = tmp_path_factory.mktemp("kernel-cache-run")
+    (base / "text.txt").write_text("the king and the queen speak of love and night.\n" * 40, encoding="utf-8")
+    argv = ["train", "--data", str(base / "text.txt"), "--tokenizer", "char", "--max_steps", "2", "--batch_size", "2",
+            "--n_layer", "1", "--n_head", "2", "--n_embd", "16", "--block_size", "16", "--eval_interval", "0",
+            "--eval_iters", "1", "--sample_tokens", "0", "--progress", "quiet", "--threads", "1",
+            "--out_dir", str(base / "run")]
+    done = _scratchlm(argv, base, SCRATCHLM_NO_KERNELS="1")
+    assert done.returncode == 0, done.stderr
+    return base / "run"
+
+
+def _scratchlm(argv: list[str], tmp_path: Path, **env: str) -> subprocess.CompletedProcess:
+    full_env = _environment(SCRATCHLM_CACHE=str(tmp_path / "cache"), **env)
+    return subprocess.run([sys.executable, "-m", "scratchlm", *argv], capture_output=True, text=True, env=full_env,
+                          timeout=300, cwd=tmp_path)
+
+
+# damage -> (command, whether a compiler is there to build again); two cases rebuild, two cannot
+CACHE_CASES = {"truncated library": ("generate", True), "another library in its place": ("train", False),
+               "binary record and flags": ("train", True), "no record": ("generate", False)}
+
+
+@needs_kernel
+@pytest.mark.slow
+@pytest.mark.skipif(sys.platform != "linux", reason="the kernel is only built on Linux")
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_cache_ends_in_a_working_command_without_a_traceback(tmp_path, tiny_run, damage):
+    """Each in its own process (a library cut short would kill the process with SIGBUS): with a
+    compiler the library is built again and used; without one, one line, and PyTorch's path."""
+    command, rebuild = CACHE_CASES[damage]
+    library = _cache_copy(tmp_path)
+    _damage(library, damage)
+    damaged = library.read_bytes()
+    env = {"SCRATCHLM_KERNEL_CACHE": str(library.parent), **({} if rebuild else {"CC": "false"})}
+    if command == "generate":
+        argv = ["generate", "--checkpoint", str(tiny_run), "--dtype", "bfloat16", "--max-new-tokens", "8", "--seed", "1",
+                "--prompt", "the "]
+    else:
+        argv = ["train", "--init_from", str(tiny_run), "--data", str(tiny_run.parent / "text.txt"), "--max_steps", "1",
+                "--batch_size", "2", "--eval_interval", "0", "--eval_iters", "1", "--sample_tokens", "0",
+                "--progress", "quiet", "--threads", "1", "--out_dir", str(tmp_path / "run2")]
+    done = _scratchlm(argv, tmp_path, **env)
+    assert done.returncode == 0, done.stderr  # not -7 (SIGBUS)
+    assert "Traceback" not in done.stderr
+    status = _scratchlm(["doctor", "--json", "--no-measure"], tmp_path, **env)
+    assert status.returncode == 0, status.stderr
+    import json
+
+    facts = json.loads(status.stdout)
+    if rebuild:  # built again: the library matches its new record and is the one in use
+        assert done.stderr == "", done.stderr
+        assert kernels.verified_flags(library) is not None
+        assert library.read_bytes() != damaged or damage == "binary record and flags"  # same source, same bytes
+        assert facts["kernel_status"].startswith("compiled")
+        assert facts["kernel_status"].endswith(str(library))
+    else:  # cannot be built here: one line, the PyTorch path, and the damaged file never loaded
+        assert done.stderr.splitlines() == [line for line in done.stderr.splitlines()
+                                            if line.startswith("scratchlm: compiled kernels not used: build failed")]
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+        assert facts["kernel_loop"] is None and facts["kernel_status"].startswith("build failed")
+    if command == "generate":
+        assert done.stdout.startswith("the ") and len(done.stdout) > len("the ")
+    else:
+        assert (tmp_path / "run2" / "latest").exists() or any((tmp_path / "run2").glob("ckpt*"))

@@ -24,6 +24,13 @@ compiler, CPU and variant, and loaded with ctypes. If there is no compiler, or t
 SCRATCHLM_NO_KERNELS=1 is set, `cpu_kernels()` returns None and callers use PyTorch's own
 operations; `kernel_status()` says which and why (a failed build also prints one line).
 
+The cache is not trusted blindly: loading a library runs its code, and a file cut short under a
+mapping kills the process with SIGBUS instead of raising. So the build records what it built
+(`NAME.record.json`: size, sha256 and flags of the library, written after the library is in
+place, each in one rename), and a library is loaded only when it matches its record
+(`verified_flags`). Anything else (a library cut short or replaced, no record, a record that is
+not one) is built again; if that build fails, one line says so and PyTorch's operations are used.
+
 Variants (`VARIANTS`): the instruction set the library is compiled for. "native" (the default)
 is whatever this CPU has; the others are fixed levels, so every loop of bf16_dot.h can be built
 and tested on any CPU that runs it (`runnable_variants()`): SCRATCHLM_KERNEL_VARIANT=x86-64-v3
@@ -36,6 +43,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import json
 import os
 import platform
 import shutil
@@ -48,6 +56,7 @@ from pathlib import Path
 import torch
 
 from scratchlm import cpu
+from scratchlm.envflags import env_switch
 from scratchlm.fileio import atomic_write, cache_home
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
@@ -130,20 +139,55 @@ def _isa_candidates(variant: str) -> list[list[str]]:
     return candidates
 
 
-def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
-    """Compile SOURCES into one library in the cache (atomically: a finished library or none);
-    return its path and the flags it was built with."""
+def _target(cc: str, variant: str) -> tuple[Path, list[list[str]]]:
+    """Where the library for this source, compiler, CPU and variant lives in the cache, and the
+    flag sets to try in turn when building it."""
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
     texts = [path.read_text() for path in SOURCES + HEADERS]
     candidates = [[*BASE_FLAGS, *isa, *omp] for isa in _isa_candidates(variant) for omp in ([OPENMP], [])]
     key = hashlib.sha256("\0".join([*texts, repr(candidates), version, _cpu_flags()]).encode())
-    target = _cache_dir() / f"scratchlm-kernels-{variant}-{key.hexdigest()[:16]}.so"
-    flags_file = target.with_suffix(".flags")
-    if target.exists():
-        try:
-            return target, flags_file.read_text().split()
-        except OSError:
-            pass  # built by an older scratchlm: build again
+    return _cache_dir() / f"scratchlm-kernels-{variant}-{key.hexdigest()[:16]}.so", candidates
+
+
+def _record_path(library: Path) -> Path:
+    return library.with_suffix(".record.json")
+
+
+def _digest(path: Path) -> tuple[int, str]:
+    """(size, sha256) of the file at `path`, read once."""
+    h, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+            size += len(chunk)
+    return size, h.hexdigest()
+
+
+def verified_flags(library: Path) -> list[str] | None:
+    """The flags `library` was built with, if it is exactly what the build recorded: the record
+    (written last, after the library was in place) names its size and sha256. None for anything
+    else: no library, no record, a record that is not one, a library cut short or replaced. A
+    library is loaded only after this says yes, since loading runs its code and a file cut short
+    under a mapping dies of SIGBUS rather than an error."""
+    try:
+        record = json.loads(_record_path(library).read_bytes())
+        size, sha = _digest(library)
+    except (OSError, ValueError):  # missing, unreadable, not UTF-8 JSON
+        return None
+    if not (isinstance(record, dict) and record.get("size") == size and record.get("sha256") == sha
+            and isinstance(record.get("flags"), list) and all(isinstance(f, str) for f in record["flags"])):
+        return None
+    return record["flags"]
+
+
+def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
+    """The library for `variant`: the cached one if it matches its record (verified_flags), else
+    compiled again into the cache. The library appears in one rename, then its record, so a
+    library without a record, or not matching it, is one whose build did not finish."""
+    target, candidates = _target(cc, variant)
+    flags = verified_flags(target)
+    if flags is not None:
+        return target, flags
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
@@ -153,9 +197,12 @@ def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
             done = subprocess.run([cc, *flags, "-o", tmp, *map(str, SOURCES), "-lm"], capture_output=True,
                                   text=True, timeout=300)
             if done.returncode == 0:
-                with atomic_write(flags_file, "w") as f:
-                    f.write(" ".join(flags))
-                os.replace(tmp, target)
+                size, sha = _digest(Path(tmp))
+                os.replace(tmp, target)  # a new file, never the old one rewritten: a process using it keeps it
+                with atomic_write(_record_path(target), "w") as f:
+                    json.dump({"size": size, "sha256": sha, "flags": flags, "variant": variant}, f)
+                if verified_flags(target) != flags:  # another process's build replaced ours meanwhile
+                    raise RuntimeError(f"{target} changed while it was written")
                 return target, flags
             if done.stderr.strip():
                 last_error = done.stderr.strip().splitlines()[-1]
@@ -316,7 +363,7 @@ def kernel_status(variant: str | None = None) -> str:
 
 
 def _load(variant: str) -> tuple[CpuKernels | None, str]:
-    if os.environ.get("SCRATCHLM_NO_KERNELS", "") not in ("", "0"):
+    if env_switch("SCRATCHLM_NO_KERNELS"):  # 1/true/yes/on; 0/false/no/off or unset leave them on
         return None, "off (SCRATCHLM_NO_KERNELS is set): PyTorch's operations"
     if variant not in VARIANTS:
         return None, f"unknown variant {variant!r} (SCRATCHLM_KERNEL_VARIANT; one of {', '.join(VARIANTS)}): PyTorch's operations"
@@ -328,13 +375,9 @@ def _load(variant: str) -> tuple[CpuKernels | None, str]:
     if cc is None:
         return None, "no C compiler found (set CC): PyTorch's operations"
     try:
-        path, flags = _build(cc, variant)
-        try:
-            lib = ctypes.CDLL(str(path))
-        except OSError:  # a damaged file in the cache (a full disk, a copy cut short): build it again, once
-            path.unlink(missing_ok=True)
-            path, flags = _build(cc, variant)
-            lib = ctypes.CDLL(str(path))
-        return CpuKernels(lib, path, variant, flags), "compiled"
+        path, flags = _build(cc, variant)  # verified against its record, else built again
+        return CpuKernels(ctypes.CDLL(str(path)), path, variant, flags), "compiled"
     except (OSError, RuntimeError, subprocess.SubprocessError) as e:
         return None, f"build failed ({e}): PyTorch's operations"
+    except AttributeError as e:  # the build's own output, yet a function is missing: a bug, said in one line
+        return None, f"build failed (the library lacks {e}): PyTorch's operations"
