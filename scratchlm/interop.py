@@ -260,8 +260,9 @@ def import_hf_tokenizer(path: Path | str) -> Any:
     tokenizer.json, 50257 ids, merges in id order, so tiktoken's rank-based BPE gives the same
     ids) becomes a `gpt2` tokenizer; a tokenizer.json holding scratchlm's <|bos|> and
     <|endoftext|> becomes a `bpe` tokenizer (a BPE model) or a `char` one (the WordLevel model
-    export_hf writes for characters). Anything else returns None: the model still imports,
-    without a tokenizer.
+    export_hf writes for characters, its ids kept exactly as the file gives them; one that
+    transformers would encode differently is a UserError). Anything else returns None: the model
+    still imports, without a tokenizer.
     """
     from scratchlm.tokenizer import BOS, EOS, BPETokenizer
 
@@ -276,12 +277,9 @@ def import_hf_tokenizer(path: Path | str) -> Any:
             if {BOS, EOS} <= added and spec.get("model", {}).get("type") == "BPE":
                 return BPETokenizer.from_file(tok_json)
             if {BOS, EOS} <= added and spec.get("model", {}).get("type") == "WordLevel":  # export_hf's char form
-                from scratchlm.tokenizer import CharTokenizer
+                from scratchlm.hf_char_tokenizer import char_tokenizer_from_hf
 
-                pieces = spec["model"]["vocab"]
-                chars = [p for p in pieces if p not in added]
-                # tokenizers writes unk_token "<unk>" even for a vocabulary without one
-                return CharTokenizer(chars, unk=spec["model"].get("unk_token") in pieces)
+                return char_tokenizer_from_hf(spec, directory)
             vocab = spec.get("model", {}).get("vocab")
             merges = spec.get("model", {}).get("merges")
         elif vocab_json.is_file() and merges_txt.is_file():
@@ -453,23 +451,6 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
 # --------------------------------------------------------------------------------------------
 
 
-def _char_tokenizer_for_hf(tokenizer: Any) -> Any:
-    """A `tokenizers` Tokenizer that encodes and decodes as scratchlm's char tokenizer does: every
-    character its own piece (a Split pre-tokenizer), looked up in a WordLevel vocabulary of the
-    characters, then the special tokens at their ids; decoding glues the pieces (Fuse). A
-    character outside the alphabet is an error there as here (or <unk>, where the tokenizer has one)."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    specials = [tokenizer.decode([i]) for i in range(len(tokenizer.chars), tokenizer.vocab_size)]
-    vocab = {piece: i for i, piece in enumerate(list(tokenizer.chars) + specials)}
-    unk = tokenizer.decode([tokenizer.unk_id]) if getattr(tokenizer, "unk_id", None) is not None else None
-    hf_tok = Tokenizer(models.WordLevel(vocab, unk_token=unk))
-    hf_tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
-    hf_tok.decoder = decoders.Fuse()
-    hf_tok.add_special_tokens([AddedToken(piece, special=True, normalized=False) for piece in specials])
-    return hf_tok
-
-
 def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int) -> bool:
     """Write files `transformers.AutoTokenizer` loads (char, bpe and gpt2 tokenizers); False, with
     a warning, for a kind that has no Hugging Face form."""
@@ -487,7 +468,9 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
             merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
             (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
         elif kind == "char":
-            hf_tok = _char_tokenizer_for_hf(tokenizer)
+            from scratchlm.hf_char_tokenizer import char_tokenizer_for_hf
+
+            hf_tok = char_tokenizer_for_hf(tokenizer)
         else:
             warnings.warn(f"a {kind} tokenizer has no Hugging Face form; exported the model without tokenizer files")
             return False

@@ -9,11 +9,13 @@ Three kinds, each a class with the same attributes and methods:
 - `gpt2`: GPT-2's 50257-token byte-level BPE through `tiktoken`, from a local rank file
   (`gpt2.tiktoken`) or tiktoken's own download.
 
-Every tokenizer has `kind`, `vocab_size`, `bos_id`, `eos_id`, `encode(text)`, `encode_batch(texts)`,
-`decode(ids)`, `save(directory)` and `token_byte_lengths()`; `load_tokenizer(directory)` reads any
-of them back. Encoding treats the text literally: a special token's spelling inside the text
-("<|endoftext|>") is encoded as ordinary characters, never as the special id, so user data cannot
-inject document boundaries. Decoding writes special ids out as their spelling.
+Every tokenizer has `kind`, `vocab_size`, `bos_id`, `eos_id`, `special_ids`, `encode(text)`,
+`encode_batch(texts)`, `decode(ids)`, `save(directory)` and `token_byte_lengths()`;
+`load_tokenizer(directory)` reads any of them back. Encoding treats the text literally: a special
+token's spelling inside the text ("<|endoftext|>") is encoded as ordinary characters, never as the
+special id, so user data cannot inject document boundaries. Decoding writes special ids out as
+their spelling; generated text leaves the `special_ids` out before decoding, which is what Hugging
+Face's decode(skip_special_tokens=True) does (scratchlm.text_rows).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -63,24 +65,55 @@ def _cpu_count() -> int:
 
 
 class CharTokenizer:
-    """One id per character: ids 0..n-1 are the sorted characters, then <|bos|>, <|endoftext|>
-    and, if asked for, <unk>."""
+    """One id per character. Built from text, ids 0..n-1 are the sorted characters, then <|bos|>,
+    <|endoftext|> and, if asked for, <unk>. Read from another program's vocabulary (`from_ids`,
+    what import-hf does), the ids are that file's exactly: in any order, and with ids that no
+    piece holds (nothing encodes to them; they decode to nothing, as in transformers)."""
 
     kind = "char"
 
     def __init__(self, chars: Iterable[str], *, unk: bool = False):
-        self.chars = sorted(set(chars))
-        if any(len(c) != 1 for c in self.chars):
+        chars = sorted(set(chars))
+        if any(len(c) != 1 for c in chars):
             raise ValueError("char vocabulary entries must be single characters")
-        n = len(self.chars)
-        self.bos_id = n
-        self.eos_id = n + 1
-        self.unk_id: int | None = n + 2 if unk else None
-        self.vocab_size = n + (3 if unk else 2)
-        self._specials = [BOS, EOS] + ([UNK] if unk else [])
-        self._id_to_piece = self.chars + self._specials
+        n = len(chars)
+        ids = {c: i for i, c in enumerate(chars)} | {BOS: n, EOS: n + 1} | ({UNK: n + 2} if unk else {})
+        self._set_ids(ids, UNK if unk else None)
+
+    @classmethod
+    def from_ids(cls, ids: Mapping[str, int], unk: str | None = None) -> "CharTokenizer":
+        """The vocabulary `ids` (piece -> id) as it stands: single characters, plus <|bos|> and
+        <|endoftext|>, and <unk> if the file has it. `unk`: the piece unknown characters become
+        (None: they are an error). UserError for anything a char tokenizer cannot hold."""
+        tok = cls.__new__(cls)
+        tok._set_ids(dict(ids), unk)
+        return tok
+
+    def _set_ids(self, ids: dict[str, int], unk: str | None) -> None:
+        _check_char_ids(ids, unk)
+        self.vocab_size = max(ids.values()) + 1
+        self.bos_id, self.eos_id = ids[BOS], ids[EOS]
+        self.unk_id: int | None = ids[unk] if unk is not None else None
+        self._ids = dict(sorted(ids.items(), key=lambda kv: kv[1]))  # piece -> id, in id order
+        self.chars = [p for p in self._ids if len(p) == 1]  # in id order (sorted, when built from text)
+        self.special_ids = frozenset(i for p, i in self._ids.items() if len(p) > 1)
+        self._id_to_piece = [""] * self.vocab_size
+        for piece, i in self._ids.items():
+            self._id_to_piece[i] = piece
         # Encoding looks code points up in this sorted array: vectorised, so megabytes take milliseconds.
-        self._codepoints = np.array([ord(c) for c in self.chars], dtype=np.int64)
+        by_codepoint = sorted((ord(c), ids[c]) for c in self.chars)
+        self._codepoints = np.array([cp for cp, _ in by_codepoint], dtype=np.int64)
+        self._codepoint_ids = np.array([i for _, i in by_codepoint], dtype=np.int64)
+
+    @property
+    def default_layout(self) -> bool:
+        """The ids are what `CharTokenizer(chars)` gives: sorted characters, then the specials."""
+        return self._ids == CharTokenizer(self.chars, unk=self.unk_id is not None)._ids and (
+            self.unk_id is None or self._id_to_piece[self.unk_id] == UNK)
+
+    def piece_ids(self) -> dict[str, int]:
+        """piece -> id, in id order: every character, and the special tokens by their spelling."""
+        return dict(self._ids)
 
     @classmethod
     def train(cls, texts: Iterable[str], *, unk: bool = False) -> "CharTokenizer":
@@ -98,16 +131,15 @@ class CharTokenizer:
             pos = np.zeros(len(cps), dtype=np.int64)
             known = np.zeros(len(cps), dtype=bool)
         else:
-            pos = np.searchsorted(self._codepoints, cps)
-            pos_clipped = np.minimum(pos, len(self._codepoints) - 1)
-            known = self._codepoints[pos_clipped] == cps
-            pos = pos_clipped
+            pos = np.minimum(np.searchsorted(self._codepoints, cps), len(self._codepoints) - 1)
+            known = self._codepoints[pos] == cps
+        ids = self._codepoint_ids[pos] if len(self._codepoints) else pos
         if not known.all():
             if self.unk_id is None:
                 missing = sorted({chr(c) for c in cps[~known].tolist()})
                 raise UnknownCharactersError(missing)
-            pos = np.where(known, pos, self.unk_id)
-        return pos
+            ids = np.where(known, ids, self.unk_id)
+        return ids
 
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
@@ -119,16 +151,54 @@ class CharTokenizer:
         return "".join(self._id_to_piece[i] for i in ids)
 
     def token_byte_lengths(self) -> np.ndarray:
-        """(vocab_size,) UTF-8 bytes each id stands for in the text; 0 for special ids."""
-        return np.array([len(c.encode("utf-8")) for c in self.chars] + [0] * len(self._specials), dtype=np.int64)
+        """(vocab_size,) UTF-8 bytes each id stands for in the text; 0 for special ids (and unused ones)."""
+        lengths = np.zeros(self.vocab_size, dtype=np.int64)
+        for c in self.chars:
+            lengths[self._ids[c]] = len(c.encode("utf-8"))
+        return lengths
 
     def save(self, directory: str | os.PathLike) -> None:
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        _write_json(directory / CONFIG_FILE, {"kind": self.kind, "chars": "".join(self.chars), "unk": self.unk_id is not None})
+        if self.default_layout:  # the compact form every char tokenizer had before from_ids
+            config = {"kind": self.kind, "chars": "".join(self.chars), "unk": self.unk_id is not None}
+        else:
+            config = {"kind": self.kind, "pieces": self._id_to_piece_or_none(),
+                      "unk": None if self.unk_id is None else self._id_to_piece[self.unk_id]}
+        _write_json(directory / CONFIG_FILE, config)
+
+    def _id_to_piece_or_none(self) -> list[str | None]:
+        """Each id's piece, None for an id no piece holds."""
+        pieces: list[str | None] = [None] * self.vocab_size
+        for piece, i in self._ids.items():
+            pieces[i] = piece
+        return pieces
 
     def __repr__(self) -> str:
         return f"CharTokenizer(vocab_size={self.vocab_size})"
+
+
+def _check_char_ids(ids: dict[str, int], unk: str | None) -> None:
+    """What a char vocabulary must be: single characters and the special tokens, each its own
+    id >= 0, <|bos|> and <|endoftext|> among them."""
+    odd = [p for p in ids if len(p) != 1 and p not in (BOS, EOS, UNK)]
+    if odd:
+        raise UserError(f"piece {odd[0]!r} is neither one character nor {BOS}, {EOS} or {UNK}; "
+                        "a char tokenizer cannot hold it")
+    bad = [(p, i) for p, i in ids.items() if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+    if bad:
+        raise UserError(f"piece {bad[0][0]!r} has id {bad[0][1]!r}; ids are whole numbers from 0")
+    if len(set(ids.values())) != len(ids):
+        i = next(i for i in ids.values() if list(ids.values()).count(i) > 1)
+        raise UserError(f"id {i} is given to {[p for p, j in ids.items() if j == i]}; each id must be one piece's")
+    top = max(ids.values(), default=0)
+    if top >= 16 * len(ids) + 1024:  # a list of top + 1 pieces is built: keep it near the vocabulary's size
+        raise UserError(f"ids run to {top} for only {len(ids)} pieces; a char vocabulary's ids are close together")
+    missing = [s for s in (BOS, EOS) if s not in ids]
+    if missing:
+        raise UserError(f"the vocabulary lacks {' and '.join(missing)}, which scratchlm's char tokenizer needs")
+    if unk is not None and unk not in ids:
+        raise UserError(f"the unknown-character piece {unk!r} is not in the vocabulary")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -158,6 +228,8 @@ class BPETokenizer:
         self.bos_id, self.eos_id = bos, eos
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._fast = _tiktoken_twin(self._tok, {BOS: bos, EOS: eos})
+        # what Hugging Face's decode(skip_special_tokens=True) leaves out
+        self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8192, *, length: int | None = None) -> "BPETokenizer":
@@ -283,6 +355,7 @@ class GPT2Tokenizer:
         self.rank_file = rank_file
         self.vocab_size = encoding.n_vocab
         self.bos_id = self.eos_id = encoding.eot_token
+        self.special_ids = frozenset({encoding.eot_token})
         self._byte_lengths: np.ndarray | None = None
 
     @classmethod
@@ -433,12 +506,30 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     except (ValueError, KeyError, TypeError) as exc:
         raise UserError(f"{config_path}: not a valid tokenizer config ({exc})") from None
     if kind == "char":
-        chars = config.get("chars")
-        if not isinstance(chars, str):
-            raise UserError(f"{config_path}: a char tokenizer needs \"chars\" as a string of characters, got {chars!r}")
-        return CharTokenizer(chars, unk=bool(config.get("unk", False)))
+        return _load_char(config, config_path)
     if kind == "bpe":
         return BPETokenizer.from_file(directory / config.get("file", "tokenizer.json"))
     if kind == "gpt2":
         return GPT2Tokenizer.from_rank_file(directory / config.get("file", "gpt2.tiktoken"))
     raise UserError(f"{config_path}: unknown tokenizer kind {kind!r}")
+
+
+def _load_char(config: dict, config_path: Path) -> CharTokenizer:
+    """A char tokenizer's config: "chars" (sorted characters, then the specials) or, for ids kept
+    from another program's file, "pieces" (each id's piece, null where none) and "unk"."""
+    if "pieces" in config:
+        pieces, unk = config["pieces"], config.get("unk")
+        if not isinstance(pieces, list) or not all(p is None or isinstance(p, str) for p in pieces) or not (
+                unk is None or isinstance(unk, str)):
+            raise UserError(f"{config_path}: a char tokenizer's \"pieces\" must be a list of strings and nulls")
+        ids = {p: i for i, p in enumerate(pieces) if p is not None}
+        if len(ids) != sum(p is not None for p in pieces):
+            raise UserError(f"{config_path}: a piece appears twice in \"pieces\"")
+        try:
+            return CharTokenizer.from_ids(ids, unk)
+        except UserError as exc:
+            raise UserError(f"{config_path}: {exc}") from None
+    chars = config.get("chars")
+    if not isinstance(chars, str):
+        raise UserError(f"{config_path}: a char tokenizer needs \"chars\" as a string of characters, got {chars!r}")
+    return CharTokenizer(chars, unk=bool(config.get("unk", False)))

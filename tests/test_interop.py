@@ -478,3 +478,78 @@ def test_cli_refusals_are_one_error_line(tmp_path):
         lines = result.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("error: ") and named in lines[0], result.stderr
     assert not os.path.exists(tmp_path / "out") and not os.path.exists(tmp_path / "x")
+
+
+# ---------------------------------------------------------------- a char tokenizer.json with other ids
+
+ROMEO = "ROMEO: But soft, what light through yonder window breaks?\nnaïve café 東京"
+
+
+def _renumbered_char_export(tmp_path: Path, seed: int, drop: str = "") -> Path:
+    """export-hf's char tokenizer.json with its ids shuffled (characters and special tokens alike,
+    in the vocabulary and among the added tokens) and the characters in `drop` deleted: the ids
+    another program may have given, with gaps where characters went."""
+    import random
+
+    _char_export(tmp_path, ROMEO)
+    path = tmp_path / "out" / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    vocab = spec["model"]["vocab"]
+    order = list(range(len(vocab)))
+    random.Random(seed).shuffle(order)
+    spec["model"]["vocab"] = {p: order[i] for p, i in vocab.items() if p not in drop}
+    for token in spec["added_tokens"]:
+        token["id"] = spec["model"]["vocab"][token["content"]]
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return tmp_path / "out"
+
+
+@pytest.mark.parametrize("drop", ["", "Rbw"], ids=["permuted", "permuted-with-3-gaps"])
+def test_import_hf_keeps_a_char_tokenizers_ids_as_transformers_reads_them(tmp_path, drop):
+    from scratchlm.checkpoint import load_model
+
+    hf_dir = _renumbered_char_export(tmp_path, seed=3, drop=drop)
+    hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)
+    result = run_cli("import-hf", hf_dir, tmp_path / "imported")
+    assert result.returncode == 0, result.stderr
+    _, tok, _ = load_model(tmp_path / "imported")
+    assert tok.kind == "char"
+    kept = "".join(c for c in ROMEO if c not in drop)
+    for text in ("ROMEO" if not drop else "OMEO", kept, kept[::-1], " \n"):
+        assert tok.encode(text) == hf(text, add_special_tokens=False)["input_ids"], text
+    assert (tok.bos_id, tok.eos_id) == (hf.convert_tokens_to_ids("<|bos|>"), hf.convert_tokens_to_ids("<|endoftext|>"))
+    # every id decodes as transformers decodes it: gaps to nothing, special tokens to their spelling
+    every = list(range(tok.vocab_size))
+    assert tok.decode(every) == hf.decode(every)
+    if drop:  # a dropped character is unknown to both
+        with pytest.raises(Exception):
+            hf("R", add_special_tokens=False)
+        with pytest.raises(UserError, match="'R'"):
+            tok.encode("R")
+        left = json.loads((hf_dir / "tokenizer.json").read_text(encoding="utf-8"))["model"]["vocab"]
+        assert tok.vocab_size == max(left.values()) + 1 > len(left)  # the gaps stay gaps
+    # and out again: the ids survive a second export
+    again = export_hf(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16)),
+                      tmp_path / "again", tokenizer=tok)
+    hf_again = AutoTokenizer.from_pretrained(again, local_files_only=True)
+    assert hf_again(kept, add_special_tokens=False)["input_ids"] == hf(kept, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.parametrize("change, words", [
+    (lambda s: s.update(normalizer={"type": "Lowercase"}), "normalizer"),
+    (lambda s: s.update(pre_tokenizer={"type": "Whitespace"}), "pre-tokenizer"),
+    (lambda s: s["model"]["vocab"].update(ab=999), "'ab'"),
+    (lambda s: s["added_tokens"][0].update(id=1), "added tokens"),
+    (lambda s: s["model"]["vocab"].update(z=10**6), "ids run to"),
+])
+def test_import_hf_refuses_a_char_tokenizer_it_would_read_otherwise(tmp_path, change, words):
+    _char_export(tmp_path, "abc ")
+    path = tmp_path / "out" / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    change(spec)
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    result = run_cli("import-hf", tmp_path / "out", tmp_path / "imported")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert words in lines[0] and "tokenizer.json" in lines[0], lines[0]
+    assert not (tmp_path / "imported").exists()

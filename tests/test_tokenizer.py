@@ -209,3 +209,50 @@ def test_bad_rank_file_and_kind(tmp_path):
         train_tokenizer("wordpiece", ["x"])
     with pytest.raises(UserError, match="no saved tokenizer"):
         load_tokenizer(tmp_path)
+
+
+# ------------------------------------------------------------------------------------------ char ids from a file
+
+
+def test_char_from_ids_keeps_every_id_as_given(tmp_path):
+    """Ids in any order, with gaps: encoding, decoding, byte lengths and save/load keep them."""
+    ids = {"b": 4, BOS: 0, "a": 2, EOS: 7, "é": 5, "<unk>": 1}  # 3 and 6 hold nothing
+    tok = CharTokenizer.from_ids(ids, "<unk>")
+    assert (tok.vocab_size, tok.bos_id, tok.eos_id, tok.unk_id) == (8, 0, 7, 1)
+    assert tok.encode("abéz") == [2, 4, 5, 1]
+    assert tok.decode([0, 2, 3, 6, 5, 7]) == BOS + "aé" + EOS  # the gaps decode to nothing
+    assert tok.special_ids == {0, 1, 7}
+    assert tok.token_byte_lengths().tolist() == [0, 0, 1, 0, 1, 2, 0, 0]
+    tok.save(tmp_path / "tok")
+    back = load_tokenizer(tmp_path / "tok")
+    assert back.piece_ids() == ids and back.unk_id == 1 and back.encode("abéz") == [2, 4, 5, 1]
+
+
+def test_char_built_from_text_saves_the_compact_form_as_before(tmp_path):
+    import json
+
+    train_tokenizer("char", ["cab"], unk=True).save(tmp_path / "tok")
+    assert json.loads((tmp_path / "tok" / "tokenizer_config.json").read_text()) == {"kind": "char", "chars": "abc",
+                                                                                   "unk": True}
+
+
+@pytest.mark.parametrize("ids, unk, words", [
+    ({"a": 0, "ab": 1, BOS: 2, EOS: 3}, None, "'ab'"),
+    ({"a": 0, "b": 0, BOS: 2, EOS: 3}, None, "id 0"),
+    ({"a": 0, BOS: 2}, None, EOS),
+    ({"a": -1, BOS: 2, EOS: 3}, None, "-1"),
+    ({"a": 0, BOS: 2, EOS: 10**9}, None, "ids run to"),
+    ({"a": 0, BOS: 2, EOS: 3}, "?", "'?'"),
+])
+def test_char_from_ids_refuses_what_it_cannot_hold(ids, unk, words):
+    with pytest.raises(UserError, match=words.replace("|", r"\|")):
+        CharTokenizer.from_ids(ids, unk)
+
+
+def test_a_char_config_with_bad_pieces_is_one_error(tmp_path):
+    (tmp_path / "tokenizer_config.json").write_text('{"kind": "char", "pieces": ["a", 5]}')
+    with pytest.raises(UserError, match="pieces"):
+        load_tokenizer(tmp_path)
+    (tmp_path / "tokenizer_config.json").write_text('{"kind": "char", "pieces": ["a", "a", "<|bos|>", "<|endoftext|>"]}')
+    with pytest.raises(UserError, match="twice"):
+        load_tokenizer(tmp_path)
