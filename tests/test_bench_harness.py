@@ -1,4 +1,4 @@
-"""The benchmark harness's bookkeeping on a made-up results dict: tables, files, README section.
+"""The benchmark harness's bookkeeping on a made-up results dict: tables, files, the results page.
 Nothing is timed here (benchmarks are never run as tests)."""
 
 from __future__ import annotations
@@ -58,30 +58,33 @@ def test_markdown_table_holds_every_figure_and_target():
     assert "prepare 0.5, decode 1.5, train 2.0" in md
 
 
-def test_readme_section_is_replaced_between_markers_only(tmp_path: Path):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\nintro\n\n## Numbers\n\n{harness.START}\nold figures\n{harness.END}\n\n## Docs\n\nlinks\n")
-    harness.update_readme("| new | table |\n", readme, source="x.json")
-    text = readme.read_text()
+def test_results_page_section_is_replaced_between_markers_only(tmp_path: Path):
+    page = tmp_path / "docs" / "results.md"
+    page.parent.mkdir()
+    source = tmp_path / "benchmarks" / "results" / "x.json"
+    page.write_text(f"# Results\n\nintro\n\n{harness.START}\nold figures\n{harness.END}\n\n## After\n\ntext\n")
+    harness.update_page("| new | table |\n", page, source=source)
+    text = page.read_text()
     assert "old figures" not in text
-    assert text.startswith("# title\n\nintro\n\n## Numbers\n\n" + harness.START)
-    assert text.endswith(harness.END + "\n\n## Docs\n\nlinks\n")
-    assert "| new | table |" in text and "x.json" in text
-    harness.update_readme("| new | table |\n", readme, source="x.json")  # idempotent
-    assert readme.read_text() == text
+    assert text.startswith("# Results\n\nintro\n\n" + harness.START + "\n")
+    assert text.endswith("| new | table |\n" + harness.END + "\n\n## After\n\ntext\n")
+    assert "[x.json](../benchmarks/results/x.json)" in text  # the link is relative to the page's folder
+    harness.update_page("| new | table |\n", page, source=source)  # idempotent
+    assert page.read_text() == text
 
 
-def test_readme_without_markers_gets_a_numbers_section_before_docs(tmp_path: Path):
-    readme = tmp_path / "README.md"
-    readme.write_text("# title\n\ntext\n\n## Docs\n\nlinks\n")
-    harness.update_readme("figures\n", readme)
-    text = readme.read_text()
-    assert text.index("## Numbers") < text.index(harness.START) < text.index("figures") < text.index(harness.END) \
-        < text.index("## Docs")
-    assert text.endswith("## Docs\n\nlinks\n")
+def test_page_without_markers_gets_them_at_its_end_and_a_missing_page_a_title(tmp_path: Path):
+    page = tmp_path / "results.md"
+    page.write_text("# Results\n\nhow they are measured\n")
+    harness.update_page("figures\n", page)
+    assert page.read_text() == f"# Results\n\nhow they are measured\n\n{harness.START}\nfigures\n{harness.END}\n"
+    fresh = tmp_path / "new" / "results.md"
+    harness.update_page("figures\n", fresh)
+    text = fresh.read_text()
+    assert text.startswith("# Benchmark results\n") and text.endswith(f"{harness.START}\nfigures\n{harness.END}\n")
 
 
-def test_newest_full_results_file_feeds_the_readme(tmp_path: Path):
+def test_newest_full_results_file_feeds_the_page(tmp_path: Path):
     folder = tmp_path / "results"
     folder.mkdir()
     older, newer = _fake_results("2026-01-01T09:00:00"), _fake_results("2026-01-03T09:00:00")
@@ -93,18 +96,29 @@ def test_newest_full_results_file_feeds_the_readme(tmp_path: Path):
     (folder / "2026-01-04-box-quick.json").write_text(json.dumps(quick))
     assert harness.newest_results(folder).name == "2026-01-03-newer-box.json"
     assert harness.newest_results(folder, include_quick=True).name == "2026-01-04-box-quick.json"
-    readme = tmp_path / "README.md"
-    readme.write_text("# t\n")
-    assert harness.regenerate_readme(folder, readme).name == "2026-01-03-newer-box.json"
-    assert "`newer-box`" in readme.read_text() and "quick-box" not in readme.read_text()
+    page = tmp_path / "results.md"
+    page.write_text("# t\n")
+    assert harness.regenerate_page(folder, page).name == "2026-01-03-newer-box.json"
+    assert "`newer-box`" in page.read_text() and "quick-box" not in page.read_text()
+    assert "(results/2026-01-03-newer-box.json)" in page.read_text()
     assert harness.results_path("2026-01-02", "h", quick=True, folder=folder).name == "2026-01-02-h-quick.json"
 
 
-def test_readme_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatch):
+@pytest.mark.parametrize("flag", ["--page-only", "--readme-only"])
+def test_page_only_needs_no_results_to_fail_cleanly(tmp_path: Path, monkeypatch, flag):
     monkeypatch.setattr(harness, "RESULTS", tmp_path)
-    monkeypatch.setattr(harness, "README", tmp_path / "README.md")
-    assert harness.main(["--readme-only"]) == 1
-    assert not (tmp_path / "README.md").exists()
+    monkeypatch.setattr(harness, "PAGE", tmp_path / "results.md")
+    assert harness.main([flag]) == 1
+    assert not (tmp_path / "results.md").exists()
+
+
+def test_the_figures_live_on_the_results_page_that_the_readme_links_to():
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    assert harness.PAGE == root / "docs" / "results.md"
+    assert harness.START not in readme and "](docs/results.md)" in readme
+    page = harness.PAGE.read_text(encoding="utf-8")
+    assert page.index(harness.START) < page.index("| benchmark | what | best | median | unit |") < page.index(harness.END)
 
 
 def test_rows_for_time_to_loss_and_train():
