@@ -12,7 +12,7 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
 from scratchlm.config import GPTConfig
-from scratchlm.errors import ConfigError
+from scratchlm.errors import ConfigError, UserError
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
@@ -278,9 +278,15 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
 
 
 def config_from_preset(name: str, **overrides: Any) -> TrainConfig:
-    """The training preset `name` with fields changed; model field overrides merge, not replace."""
+    """The training preset `name` with fields changed; model field overrides merge, not replace.
+    With `init_from` the tokenizer is the source's, so tokenizer fields given with it are refused."""
     if name not in TRAIN_PRESETS:
         raise ConfigError("preset", f"unknown training preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
+    tokenizer_flags = sorted({"tokenizer", "vocab_size", "tokenizer_file"} & set(overrides))
+    if overrides.get("init_from") and tokenizer_flags:  # as cli refuses the model flags: the source decides
+        flags = ", ".join("--" + f for f in tokenizer_flags)
+        raise UserError(f"--init_from keeps the tokenizer of the model it starts from (the weights learned its ids); "
+                        f"drop {flags}")
     values = {**TRAIN_PRESETS[name], "preset": name}
     model_overrides = {**values.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
     return TrainConfig.from_dict({**values, **overrides, "model_overrides": model_overrides})

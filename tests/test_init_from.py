@@ -130,7 +130,22 @@ def test_init_from_refuses_what_cannot_work(tmp_path, source):
     env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
     argv = [sys.executable, "-m", "scratchlm", "train", "--init_from", str(source), "--data", str(tmp_path / "z.txt"),
             "--out_dir", str(tmp_path / "c")]
-    for extra, words in [(["--n_layer", "3"], "--init_from keeps"), (["--resume", str(source)], "--resume")]:
+    for extra, words in [(["--n_layer", "3"], "--init_from keeps"), (["--resume", str(source)], "--resume"),
+                         (["--tokenizer", "bpe", "--vocab_size", "500"], "drop --tokenizer, --vocab_size")]:
         out = subprocess.run(argv + extra, capture_output=True, text=True, env=env, timeout=240)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1 and words in lines[0], out.stderr
+    assert not (tmp_path / "c").exists()
+
+
+@pytest.mark.parametrize("flags", [dict(tokenizer="bpe"), dict(vocab_size=500), dict(tokenizer_file="tok"),
+                                   dict(tokenizer="char")])
+def test_init_from_refuses_tokenizer_flags_as_it_refuses_model_flags(flags):
+    """The source's tokenizer is the run's (its ids are what the weights learned): a tokenizer flag
+    given with --init_from is refused, one line naming it, as --n_layer is; none given is fine."""
+    from scratchlm.train import config_from_preset
+
+    with pytest.raises(UserError, match="--init_from keeps the tokenizer") as info:
+        config_from_preset("shakespeare-char", init_from="some-run", **flags)
+    assert "--" + next(iter(flags)) in str(info.value)
+    assert config_from_preset("shakespeare-char", init_from="some-run").init_from == "some-run"
