@@ -19,11 +19,14 @@ def _ends_inside(text: str, stops: Sequence[str]) -> int:
 
 
 class TextRow:
-    """One sample's continuation as it grows: its ids, its text, and whether and why it ended."""
+    """One sample's continuation as it grows: its ids, its text, and whether and why it ended.
+    The text holds no special tokens (a <|bos|> the model chose is in `ids`, not in `text`)."""
 
     def __init__(self, tokenizer, eos_id: int | None, stops: Sequence[str]):
         self.tokenizer = tokenizer
         self.eos_id = eos_id
+        # left out of the text, as an exported model's decode(skip_special_tokens=True) leaves them out
+        self.special_ids = frozenset(getattr(tokenizer, "special_ids", ()))
         self.stops = list(stops)
         self.ids: list[int] = []
         self.reason: str | None = None  # None while running
@@ -49,7 +52,7 @@ class TextRow:
     @property
     def text(self) -> str:
         if self._text is None:
-            self._text = self.tokenizer.decode(self.ids)
+            self._text = self.tokenizer.decode([i for i in self.ids if i not in self.special_ids])
         return self._text if self._cut is None else self._text[: self._cut]
 
     def finish(self) -> None:

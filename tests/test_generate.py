@@ -670,3 +670,66 @@ def test_generate_warns_of_flags_that_change_nothing(flags, words):
         assert warning is None
     else:
         assert warning is not None and all(w in warning for w in words), warning
+
+
+# ---------------------------------------------------------------- special tokens in generated text
+
+
+def _bos_choosing_model(tok) -> GPT:
+    """A random model whose greedy continuation of "ab" holds <|bos|> between characters (seed
+    23, found by trying seeds; the test checks that it still does)."""
+    torch.manual_seed(23)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=32, n_layer=1, n_head=2, n_embd=16,
+                          pos_embedding="learned", lm_head_bias=False)).eval()
+    with torch.no_grad():
+        model.transformer.wte.weight.normal_(0.0, 1.0)
+        model.transformer.wpe.weight.normal_(0.0, 1.0)
+    return model
+
+
+def test_generated_text_leaves_special_tokens_out_as_the_exported_model_does(tmp_path, capsys):
+    """A <|bos|> the model chooses stays in the ids but not in the text: generate, stream and the
+    CLI print what transformers prints for the exported model, decode(skip_special_tokens=True)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.interop import export_hf
+    from scratchlm.tokenizer import BOS, CharTokenizer
+
+    tok = CharTokenizer("abcd ")
+    model = _bos_choosing_model(tok)
+    out = generate(model, tok, "ab", max_new_tokens=20, greedy=True)
+    assert out.ids.count(tok.bos_id) >= 2 and out.finish_reasons == ["length"]  # the case in question
+    export_hf(model, tmp_path / "hf", tok)
+    hf = AutoModelForCausalLM.from_pretrained(tmp_path / "hf", local_files_only=True).eval()
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    prompt = hf_tok("ab", add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        new = hf.generate(prompt, max_new_tokens=20, do_sample=False)[0, prompt.shape[1]:].tolist()
+    assert new == out.ids
+    assert out.text == hf_tok.decode(new, skip_special_tokens=True) and BOS not in out.text
+    assert "".join(stream(model, tok, "ab", max_new_tokens=20, greedy=True)) == out.text
+    save_model_checkpoint(model, tok, tmp_path / "ckpt")
+    capsys.readouterr()  # transformers' own progress lines
+    code, printed, err = _cli(["generate", "--checkpoint", str(tmp_path / "ckpt"), "--prompt", "ab", "--greedy",
+                               "--max-new-tokens", "20"], capsys)
+    assert (code, printed, err) == (0, "ab" + hf_tok.decode(new, skip_special_tokens=True) + "\n", "")
+
+
+def test_bpe_text_rows_leave_special_tokens_out_as_transformers_decode_does(tmp_path):
+    from transformers import AutoTokenizer
+
+    from scratchlm.interop import export_hf
+    from scratchlm.text_rows import TextRow
+    from scratchlm.tokenizer import train_tokenizer
+
+    tok = train_tokenizer("bpe", ["héllo wörld, 猫 and more words " * 20], vocab_size=300)
+    export_hf(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)),
+              tmp_path / "hf", tok)
+    hf_tok = AutoTokenizer.from_pretrained(tmp_path / "hf", local_files_only=True)
+    cat = tok.encode("猫")
+    ids = [tok.bos_id, *tok.encode("héllo"), tok.bos_id, *cat[:1], tok.bos_id, *cat[1:], *tok.encode(" wörld")]
+    row = TextRow(tok, tok.eos_id, [])
+    for i in ids:
+        row.push(i)
+    assert row.text == hf_tok.decode(ids, skip_special_tokens=True) == "héllo猫 wörld"
