@@ -207,6 +207,8 @@ def _add_generate(sub) -> None:
 
 
 def _read_prompt(args) -> str:
+    from scratchlm.text_files import without_bom  # a BOM starting a file is not text (one rule, every reader)
+
     if args.prompt is not None:
         return args.prompt
     if args.prompt_file is not None:
@@ -216,7 +218,7 @@ def _read_prompt(args) -> str:
             if len(text) > MAX_PROMPT_CHARS:
                 raise UserError(f"--prompt-file {args.prompt_file}: longer than {MAX_PROMPT_CHARS:,} characters; a "
                                 "prompt is cropped to the model's context anyway, so give its end only")
-            return text
+            return without_bom(text)
         except OSError as exc:
             raise UserError(f"--prompt-file {args.prompt_file}: cannot read it ({exc.strerror})") from None
         except UnicodeDecodeError as exc:
@@ -225,7 +227,7 @@ def _read_prompt(args) -> str:
         text = sys.stdin.read(MAX_PROMPT_CHARS + 1)
         if len(text) > MAX_PROMPT_CHARS:
             raise UserError(f"the prompt on stdin is longer than {MAX_PROMPT_CHARS:,} characters; give its end only")
-        return text
+        return without_bom(text)
     return ""  # nothing given: start from BOS
 
 
@@ -354,6 +356,7 @@ def _run_eval(args) -> int:
     from scratchlm.checkpoint import load_model
     from scratchlm.devices import pick_device
     from scratchlm.scoring import score_text
+    from scratchlm.text_files import without_bom
 
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be positive, got {args.batch_size}")
@@ -361,7 +364,7 @@ def _run_eval(args) -> int:
     if not path.is_file():
         raise UserError(f"--data {path}: {'not a regular file' if path.exists() else 'no such file'}")
     try:
-        text = path.read_text(encoding="utf-8")
+        text = without_bom(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as exc:
         raise UserError(f"--data {path}: not UTF-8 text (a bad byte at offset {exc.start})") from None
     device = pick_device(args.device)

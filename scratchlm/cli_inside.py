@@ -195,9 +195,10 @@ def add_tokenize(sub) -> None:
 def _run_tokenize(args) -> int:
     import sys
 
+    from scratchlm.text_files import without_bom
     from scratchlm.tokenize_view import format_tokenize, tokenize_report
 
-    text = args.text if args.text is not None else sys.stdin.read(1_000_000)
+    text = args.text if args.text is not None else without_bom(sys.stdin.read(1_000_000))
     if not text:
         raise UserError("give some text to tokenize (an argument, or on stdin)")
     if args.block_size is not None and args.block_size < 1:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Iterator
 
 from scratchlm.errors import UserError
+from scratchlm.text_files import without_bom
 
 _SPEAKER = re.compile(r"^\*\*(?P<name>[^*]+)\*\*$")
 _INLINE_DIRECTION = re.compile(r"_+\\?\[(?P<inner>[^\]]*)\]_+")  # _\[Aside]_ inside a verse line
@@ -100,4 +101,4 @@ def _plain(text: str) -> str:
 def shakespeare_documents() -> Iterator[tuple[Path, str]]:
     """(file, plain text) for each play, in a fixed order."""
     for path in shakespeare_files():
-        yield path, markdown_play_to_text(path.read_text(encoding="utf-8"))
+        yield path, markdown_play_to_text(without_bom(path.read_text(encoding="utf-8")))

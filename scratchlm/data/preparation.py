@@ -28,6 +28,7 @@ import numpy as np
 
 from scratchlm.fileio import atomic_write, cache_home, umask
 from scratchlm.errors import ConfigError, UserError, check_folder_path
+from scratchlm.text_files import without_bom
 
 from scratchlm.data.shards import FORMAT_VERSION, HEADER, MAGIC, read_meta, read_shard, shard_dtype
 
@@ -169,7 +170,7 @@ def _read_documents(source: _Source, errors: str) -> Iterator[str]:
     """The documents of one source file, in order."""
     path = source.path
     if source.kind in ("txt", "play"):
-        text = _decode(path.read_bytes(), errors, str(path))
+        text = without_bom(_decode(path.read_bytes(), errors, str(path)))
         if source.kind == "play":
             from scratchlm.corpus import markdown_play_to_text
 
@@ -183,6 +184,7 @@ def _read_documents(source: _Source, errors: str) -> Iterator[str]:
                 if not raw.strip():
                     continue
                 line = _decode(raw, errors, f"{path} line {lineno}", start)
+                line = without_bom(line) if lineno == 1 else line
                 try:
                     record = json.loads(line)
                 except ValueError as exc:
