@@ -8,14 +8,36 @@ the input, y = row[1:] the targets, so position t learns to predict the token at
 
 from __future__ import annotations
 
+import unicodedata
 from typing import Any
 
 from scratchlm.tokenizer import complete_pieces
 
 
 def visible(text: str) -> str:
-    """Whitespace made visible: space ␣, newline ↵, tab ⇥."""
-    return text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+    r"""Whitespace made visible (space ␣, newline ↵, tab ⇥) and nothing a terminal would act on:
+    the other C0 controls and DEL drawn as their Unicode pictures (NUL ␀, ESC ␛, CR ␍, DEL ␡, as
+    the playground draws them), and the C1 controls, the invisible format characters (zero-width
+    space, bidirectional overrides, BOM) and the line and paragraph separators escaped, e.g. \x9b,
+    \u202e."""
+    text = text.replace(" ", "\u2423").replace("\n", "\u21b5").replace("\t", "\u21e5")
+    return "".join(_shown(c) for c in text) if any(_acts(c) for c in text) else text
+
+
+def _acts(c: str) -> bool:
+    """Would this character move the cursor, reorder or hide text, or start an escape sequence?"""
+    return unicodedata.category(c) in ("Cc", "Cf", "Zl", "Zp")
+
+
+def _shown(c: str) -> str:
+    if not _acts(c):
+        return c
+    code = ord(c)
+    if code < 0x20:
+        return chr(0x2400 + code)  # ␀ .. ␟
+    if code == 0x7F:
+        return "\u2421"
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
 def piece_labels(tokenizer: Any, ids: list[int]) -> list[str]:
@@ -49,8 +71,8 @@ def format_tokenize(report: dict[str, Any], tokenizer: Any) -> str:
              f"BOS id {report['bos_id']}, end id {report['eos_id']}",
              f"text: {report['characters']} characters, {report['bytes']} UTF-8 bytes -> {len(ids)} tokens "
              f"({report['bytes'] / max(len(ids), 1):.2f} bytes per token)", "",
-             "pieces (whitespace shown as \u2423 \u21b5 \u21e5; ids that only together form a character are "
-             "joined with +):"]
+             "pieces (whitespace shown as \u2423 \u21b5 \u21e5, control characters as \u2400 \u241b or \\x9b; ids "
+             "that only together form a character are joined with +):"]
     for p in pieces:
         lines.append(f"  {'+'.join(map(str, p['ids'])):>18}  {visible(p['text'])}")
     lines += ["", f"decode(ids) == text: {report['round_trip']}", "",
