@@ -43,9 +43,23 @@ def _run_inspect(args) -> int:
         raise UserError(f"--seq-len {args.seq_len} exceeds the model's context length block_size={cfg.block_size}")
     if args.train_seq_len is not None and args.train_seq_len > cfg.block_size:
         raise UserError(f"--train-seq-len {args.train_seq_len} exceeds the model's context length block_size={cfg.block_size}")
+    _check_trace_fits(model, args.batch_size, args.seq_len)
     report = inspect_report(model, args.batch_size, args.seq_len, args.train_batch, args.train_seq_len)
     print(json.dumps(report, indent=2) if args.json else format_report(report))
     return 0
+
+
+def _check_trace_fits(model, batch: int, seq_len: int) -> None:
+    """The traced batch, before it is made: a model of a preset lives on the meta device, where
+    only its ids take memory; a checkpoint's model runs the whole forward pass."""
+    from scratchlm.memory import ID, Footprint, check_batch_fits, check_fits
+
+    device = next(model.parameters()).device
+    what, knobs = f"tracing a batch of {batch:,} x {seq_len:,} tokens", "--batch-size or --seq-len"
+    if device.type == "meta":
+        check_fits(Footprint(activations=ID * batch * seq_len), "cpu", what, knobs)
+    else:
+        check_batch_fits(model.config, device, batch, seq_len, what, knobs)
 
 
 def _load_model_for(args, default_preset: str):
@@ -325,6 +339,10 @@ def _run_attention(args) -> int:
         raise UserError("--prompt is empty after tokenization; give some text")
     if len(ids) > model.config.block_size:
         raise UserError(f"the prompt is {len(ids)} tokens, longer than the context length {model.config.block_size}; shorten it")
+    from scratchlm.memory import check_batch_fits
+
+    check_batch_fits(model.config, next(model.parameters()).device, 1, len(ids), f"the attention maps of "
+                     f"{len(ids):,} tokens", "the prompt's length", attention_maps=True)
     weights = attention_weights(model, ids)
     try:
         with warnings.catch_warnings(record=True) as caught_early:

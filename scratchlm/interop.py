@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import shutil
 import tempfile
 import warnings
@@ -34,6 +35,8 @@ import torch
 from scratchlm.checkpoint import quiet_torch_load
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
+from scratchlm.flops import count_params
+from scratchlm.memory import check_fits, footprint
 from scratchlm.model import GPT
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
@@ -149,10 +152,9 @@ def gpt_from_hf(hf_model_or_state_dict: Any, hf_config: Any = None) -> GPT:
     if hf_config is None:
         raise UserError("a GPT-2 state dict needs its config (config.json) to be imported")
     config = gpt_config_from_hf(hf_config)
-    model = GPT(config)
-    ours = _state_dict_from_hf(state, config)
-    _load_checked(model, ours)
-    return model.eval()
+    check_import_fits(config, "the GPT-2 config")
+    _check_layer_count(state, config, "the GPT-2 config")
+    return _built_checked(config, _state_dict_from_hf(state, config))
 
 
 def _state_dict_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -181,7 +183,39 @@ def _state_dict_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) ->
     return {k: v for k, v in ours.items() if v is not None}
 
 
-def _load_checked(model: GPT, state: dict[str, torch.Tensor]) -> None:
+def check_import_fits(config: GPTConfig, source: str) -> None:
+    """Refuse, before a weight is read, a config whose model cannot fit in memory: the weights as
+    read (at most float32) and the model's float32 copy, 8 bytes a parameter."""
+    params = count_params(config)["total"]
+    check_fits(footprint(config, param_bytes=8), "cpu", f"importing a model of {params:,} parameters",
+               f"vocab_size, n_embd, n_layer or n_inner in {source} (do they describe these weights?)")
+
+
+_LAYER_KEY = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")  # GPT-2's h.N., GPT-NeoX's and Llama's layers.N.
+
+
+def _check_layer_count(state: Mapping[str, Any], config: GPTConfig, source: str) -> None:
+    """The layers the weights hold are the layers the config asks for, checked before a model of
+    the config's size is built (a config asking for a million layers would build for minutes)."""
+    found = {int(m.group(1)) for key in state for m in [_LAYER_KEY.search(key)] if m}
+    if found != set(range(config.n_layer)):
+        held = f"layers {min(found)}..{max(found)} ({len(found)} in all)" if found else "no layers"
+        raise UserError(f"{source} asks for {config.n_layer:,} layers, but the weights hold {held}; the config and "
+                        "the weights do not belong together")
+
+
+def _built_checked(config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+    """A model of `config` holding `state` (eval mode), the names and shapes compared on a model
+    of the meta device first, so a mismatch costs no memory."""
+    with torch.device("meta"):
+        skeleton = GPT(config)
+    _check_names_and_shapes(skeleton, state)
+    model = GPT(config)
+    model.load_state_dict(state, strict=True)  # copy_ also converts fp16/bf16 weights to float32
+    return model.eval()
+
+
+def _check_names_and_shapes(model: GPT, state: dict[str, torch.Tensor]) -> None:
     expected = model.state_dict()
     missing = sorted(set(expected) - set(state))
     extra = sorted(set(state) - set(expected))
@@ -198,8 +232,6 @@ def _load_checked(model: GPT, state: dict[str, torch.Tensor]) -> None:
             if key.endswith(CONV1D_SUFFIXES):  # name the shapes as the file stores them: Conv1D is (in, out)
                 got, want = got[::-1], want[::-1]
             raise UserError(f"{key}: shape {got} in the weights, {want} from config.json")
-    # copy_ also converts fp16/bf16 weights to the model's float32
-    model.load_state_dict(state, strict=True)
 
 
 def read_hf_weights(directory: Path | str) -> dict[str, torch.Tensor]:
@@ -245,12 +277,14 @@ def import_hf_dir(path: Path | str) -> GPT:
         raise UserError(f"model_type: {config_path} names none, so it is not a Hugging Face model config{hint}")
     from scratchlm import hf_rotary
 
-    if hf_config["model_type"] in hf_rotary.IMPORTABLE:
-        config = hf_rotary.config_from_hf(hf_config)
-        model = GPT(config)
-        _load_checked(model, hf_rotary.state_dict_from_hf(read_hf_weights(directory), config, hf_config["model_type"]))
-        return model.eval()
-    return gpt_from_hf(read_hf_weights(directory), hf_config)
+    rotary = hf_config["model_type"] in hf_rotary.IMPORTABLE
+    config = hf_rotary.config_from_hf(hf_config) if rotary else gpt_config_from_hf(hf_config)
+    check_import_fits(config, str(config_path))  # before the weights are read
+    state = read_hf_weights(directory)
+    _check_layer_count(state, config, str(config_path))
+    if rotary:
+        return _built_checked(config, hf_rotary.state_dict_from_hf(state, config, hf_config["model_type"]))
+    return _built_checked(config, _state_dict_from_hf(state, config))
 
 
 def import_hf_tokenizer(path: Path | str) -> Any:
@@ -412,6 +446,10 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise UserError(f"{out_dir} already exists and is not empty; choose a new directory")
     check_folder_path(out_dir, "OUT_DIR")
+    # besides the model: the exported tensors (transposed copies) and safetensors' bytes of them
+    check_fits(footprint(model.config, param_bytes=8), "cpu", f"exporting a model of "
+               f"{count_params(model.config)['total']:,} parameters", "the memory other programs hold (or export on "
+               "a machine with more)")
     from scratchlm import hf_rotary
 
     bos_id = getattr(tokenizer, "bos_id", None)

@@ -1,10 +1,28 @@
-"""Sizes checked before memory is touched: what a model, its training state or a generation will
-need, against what the device has free, so a size typed with one zero too many is one clear error
-naming the knob, not an allocation failure deep inside torch (or the machine swapping to a halt)."""
+"""Sizes checked before memory is touched: what a model, its training state, a batch or a
+generation will need, against what the device has free, so a size typed with one zero too many
+is one clear error naming the knob, not an allocation failure deep inside torch (or the machine
+swapping to a halt).
+
+One estimate serves every command (`footprint`), in four parts:
+  parameters   the weights in float32 (param_bytes each); training adds their gradients and
+               AdamW's two moments (TRAINING_BYTES_PER_PARAM)
+  activations  training: what autograd keeps of a (B, T) batch for the backward pass
+               (scratchlm.introspect.saved_activations, checked there against what autograd really
+               saves) and the loss's two B*T*V buffers; a forward without gradients: what one
+               block holds at once, with its (T, T) attention weights; attention maps: every
+               layer's (T, T) weights, kept for drawing
+  kv_cache     keys and values of every layer for every generated row, the whole context
+  output       the logits of the batch (or, decoding, a step's scores and their sorted copy) and
+               the ids
+Figures are float32 (bfloat16 autocast keeps some activations in half the bytes) and leave out
+allocator slack and short-lived buffers: enough to refuse a size that cannot fit, which is what
+they are for, not a promise that everything below them does.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass, fields
 
 import torch
 
@@ -15,6 +33,88 @@ from scratchlm.flops import count_params
 TRAINING_BYTES_PER_PARAM = 16
 """float32 weights, their gradients and AdamW's two moments: 4 + 4 + 8 bytes."""
 
+FLOAT = 4
+ID = 8  # int64 token ids
+
+
+@dataclass(frozen=True)
+class Footprint:
+    """Bytes a command will hold at its peak (see the module's docstring for each part)."""
+
+    parameters: int = 0
+    activations: int = 0
+    kv_cache: int = 0
+    output: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.activations + self.kv_cache + self.output
+
+    def parts(self) -> str:
+        """The parts that are not zero, as 'parameters 1.2 GB + output 3.4 GB'."""
+        named = [(f.name.replace("_", " "), getattr(self, f.name)) for f in fields(self)]
+        return " + ".join(f"{name} {human_bytes(n)}" for name, n in named if n) or "nothing"
+
+
+def _training_activations(config: GPTConfig, batch: int, seq_len: int, checkpointing: bool = False) -> int:
+    """What a training step keeps for its backward pass (float32), the larger of PyTorch's
+    attention and the compiled one (which keeps its (T, T) weights). Worked out for one and two
+    layers and extended, since a block keeps the same as the next: n_layer may be any size."""
+    from scratchlm.introspect import memory_estimate
+
+    def kept(n_layer: int, attention: str) -> int:
+        estimate = memory_estimate(config.replace(n_layer=n_layer), batch, seq_len, "fp32", attention)
+        kept = estimate.activations_checkpointed if checkpointing else estimate.activations
+        return kept + estimate.loss_temporaries
+
+    per_model = []
+    for attention in ("sdpa", "compiled"):
+        one, two = kept(1, attention), kept(2, attention)
+        per_model.append(one + (config.n_layer - 1) * (two - one))
+    return max(per_model)
+
+
+def _forward_activations(config: GPTConfig, batch: int, seq_len: int) -> int:
+    """What a forward pass without gradients holds at once: the residual stream and one block's
+    intermediates (norm output, q k v, attention output, the MLP's hidden layer and its activation)
+    and one head set of (T, T) attention weights."""
+    BT = batch * seq_len
+    return FLOAT * (BT * (6 * config.n_embd + 2 * config.mlp_hidden) + batch * config.n_head * seq_len * seq_len)
+
+
+def footprint(config: GPTConfig, *, batch: int = 0, seq_len: int = 0, training: bool = False, param_bytes: int = FLOAT,
+              rows: int = 0, new_tokens: int = 0, prompt_tokens: int = 0, attention_maps: bool = False,
+              checkpointing: bool = False) -> Footprint:
+    """The estimate of the module's docstring. batch, seq_len: a (B, T) batch through the model
+    (a training step when `training`); param_bytes: bytes per parameter held (0: none, as for a
+    model on the meta device); rows: sequences decoded at once (samples or beams), with
+    prompt_tokens + new_tokens ids each; attention_maps: the (T, T) weights of every layer kept;
+    checkpointing: training with activation checkpointing (each block's input kept, one block
+    recomputed at a time)."""
+    params = count_params(config)["total"]
+    parameters = params * (TRAINING_BYTES_PER_PARAM if training else param_bytes)
+    activations = output = kv_cache = 0
+    if batch and seq_len:
+        activations = (_training_activations(config, batch, seq_len, checkpointing) if training
+                       else _forward_activations(config, batch, seq_len))
+        if attention_maps:
+            activations += FLOAT * config.n_layer * batch * config.n_head * seq_len * seq_len
+        output = FLOAT * batch * seq_len * config.vocab_size + ID * batch * seq_len * (2 if training else 1)
+    if rows:
+        kv_cache = 2 * FLOAT * config.n_layer * rows * config.block_size * config.n_embd
+        output += 3 * FLOAT * rows * config.vocab_size + ID * rows * (prompt_tokens + new_tokens)
+    return Footprint(parameters, activations, kv_cache, output)
+
+
+def _cgroup_free() -> int | None:
+    """What this process's cgroup (v2) still allows, where it sets a limit (a container)."""
+    try:
+        limit = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
+        used = int(open("/sys/fs/cgroup/memory.current", encoding="ascii").read().strip())
+    except (OSError, ValueError):
+        return None
+    return None if limit == "max" or not limit.isdigit() else max(0, int(limit) - used)
+
 
 def available_bytes(device: torch.device | str) -> int | None:
     """Memory free for new allocations on `device` (None where it cannot be told)."""
@@ -23,17 +123,21 @@ def available_bytes(device: torch.device | str) -> int | None:
         return int(torch.cuda.mem_get_info(device)[0])
     if device.type != "cpu":
         return None
+    free = None
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
+                    free = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
         pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
+    if free is None:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return _cgroup_free()
+    limited = _cgroup_free()
+    return free if limited is None else min(free, limited)
 
 
 def human_bytes(n: float) -> str:
@@ -44,27 +148,48 @@ def human_bytes(n: float) -> str:
     raise AssertionError("unreachable")
 
 
-def check_fits(need: int, device: torch.device | str, what: str, knobs: str) -> None:
-    """One clear error when `need` bytes exceed what `device` has free."""
+def check_fits(need: Footprint | int, device: torch.device | str, what: str, knobs: str) -> None:
+    """One clear error when `need` (a Footprint, or bytes) exceeds what `device` has free, naming
+    the size, its parts and what to lower."""
+    total = need.total if isinstance(need, Footprint) else int(need)
+    if torch.device(device).type == "meta":
+        return
     free = available_bytes(device)
-    if free is not None and need > free:
-        raise UserError(f"{what} needs about {human_bytes(need)}, but {torch.device(device)} has "
+    if free is not None and total > free:
+        parts = f" ({need.parts()})" if isinstance(need, Footprint) else ""
+        raise UserError(f"{what} needs about {human_bytes(total)}{parts}, but {torch.device(device)} has "
                         f"{human_bytes(free)} free; lower {knobs}")
 
 
-def check_model_fits(config: GPTConfig, device: torch.device | str, training: bool = False) -> None:
-    """The model's parameters (with gradients and optimizer state when training), in float32."""
+MODEL_KNOBS = "vocab_size, n_embd, n_layer or n_inner"
+
+
+def check_model_fits(config: GPTConfig, device: torch.device | str, training: bool = False, batch: int = 0,
+                     seq_len: int = 0, checkpointing: bool = False) -> None:
+    """The model's parameters (with gradients and optimizer state when training), in float32, and
+    where a batch is given, what a training step (or a forward pass) of it holds."""
+    need = footprint(config, batch=batch, seq_len=seq_len, training=training, checkpointing=checkpointing)
     params = count_params(config)["total"]
-    per_param = TRAINING_BYTES_PER_PARAM if training else 4
     what = f"{'training ' if training else ''}a model of {params:,} parameters"
-    check_fits(params * per_param, device, what, "vocab_size, n_embd, n_layer or n_inner")
+    knobs = MODEL_KNOBS
+    if batch:
+        what += f" on batches of {batch:,} x {seq_len:,} tokens"
+        knobs = ("--batch_size, --block_size, --n_layer, --n_embd, --n_inner or --vocab_size" if training
+                 else f"the batch size, {knobs}")
+    check_fits(need, device, what, knobs)
 
 
 def check_generation_fits(config: GPTConfig, device: torch.device | str, rows: int, new_tokens: int,
                           prompt_tokens: int = 0) -> None:
-    """What decoding `rows` sequences at once holds besides the weights: the KV cache (float32,
-    every layer, the whole context), a step's scores and their sorted copy, and the ids."""
-    cache = 2 * config.n_layer * rows * config.block_size * config.n_embd * 4
-    scores = 3 * rows * config.vocab_size * 4
-    ids = rows * (prompt_tokens + new_tokens) * 8
-    check_fits(cache + scores + ids, device, f"generating {rows:,} sequences at once", "--num-samples or --beams")
+    """What decoding `rows` sequences at once holds besides the weights (already loaded): the KV
+    cache, a step's scores and their sorted copy, and the ids."""
+    need = footprint(config, param_bytes=0, rows=rows, new_tokens=new_tokens, prompt_tokens=prompt_tokens)
+    check_fits(need, device, f"generating {rows:,} sequences at once", "--num-samples or --beams")
+
+
+def check_batch_fits(config: GPTConfig, device: torch.device | str, batch: int, seq_len: int, what: str, knobs: str,
+                     attention_maps: bool = False) -> None:
+    """What a forward pass of a (batch, seq_len) batch holds besides the weights (already
+    loaded): activations, logits and ids (and every layer's attention weights, for maps)."""
+    need = footprint(config, batch=batch, seq_len=seq_len, param_bytes=0, attention_maps=attention_maps)
+    check_fits(need, device, what, knobs)

@@ -119,6 +119,10 @@ class Run:
         self.interval_losses: list[float] = []  # finite losses since the last log line, for a smoother curve
         self._announce()
 
+    def _step_size(self) -> dict:
+        """A training step's batch, for scratchlm.memory's check of what the step will hold."""
+        return dict(batch=self.cfg.batch_size, seq_len=self.block_size, checkpointing=self.cfg.activation_checkpointing)
+
     def _build_model(self) -> None:
         """The model (new, or the checkpoint's), on its device and wrapped for several processes,
         its compiled forward, optimizer, gradient scaler and this process's batch stream."""
@@ -137,12 +141,12 @@ class Run:
         elif self.source is not None:  # the source's weights, in a model of its own config (dropout may change)
             self.model_config = self.source.model.config.replace(**{k: v for k, v in cfg.model_overrides.items()
                                                                     if k == "dropout"})
-            check_model_fits(self.model_config, device, training=True)
+            check_model_fits(self.model_config, device, training=True, **self._step_size())
             model = GPT(self.model_config)
             model.load_state_dict(self.source.model.state_dict())
         else:
             self.model_config = cfg.model_config(vocab)
-            check_model_fits(self.model_config, device, training=True)  # before a byte of it is allocated
+            check_model_fits(self.model_config, device, training=True, **self._step_size())  # before a byte of it is allocated
             model = GPT(self.model_config)
         if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
             torch.manual_seed(cfg.seed + d.rank)

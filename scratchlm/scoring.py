@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm.errors import UserError
+from scratchlm.memory import check_batch_fits
 from scratchlm.model import GPT, eval_mode
 
 
@@ -68,6 +69,8 @@ def score_ids(model: GPT, ids: list[int], stride: int | None = None, batch_size:
     stride = block if stride is None else stride
     plan = windows(len(ids), block, stride)
     device = next(model.parameters()).device
+    check_batch_fits(model.config, device, min(batch_size, len(plan)), block, f"scoring {min(batch_size, len(plan)):,} "
+                     f"windows of {block:,} tokens at once", "--batch-size")
     data = torch.tensor(ids, dtype=torch.long)
     total, count = 0.0, 0
     with eval_mode(model):
