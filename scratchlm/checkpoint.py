@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from scratchlm.config import GPTConfig
 from scratchlm.memory import check_model_fits
 from scratchlm.errors import UserError, check_folder_path, read_failure
-from scratchlm.fileio import atomic_write
+from scratchlm.fileio import atomic_write, temp_stem
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -103,7 +103,7 @@ def _write_failed(target: Path, exc: BaseException) -> UserError:
 
 
 def _new_tmp_dir(parent: Path, name: str) -> Path:
-    tmp = parent / f".tmp-{name}-{uuid.uuid4().hex[:8]}"
+    tmp = parent / f".tmp-{temp_stem(name)}-{uuid.uuid4().hex[:8]}"  # short: a 250-character name is legal
     tmp.mkdir(parents=True)
     return tmp
 
@@ -227,7 +227,7 @@ def _swap_dir_into_place(tmp: Path, final: Path) -> None:
     (a directory cannot be renamed over a non-empty one) and deleting it only afterwards."""
     old = None
     if final.exists():
-        old = final.parent / f".old-{final.name}-{uuid.uuid4().hex[:8]}"
+        old = final.parent / f".old-{temp_stem(final.name)}-{uuid.uuid4().hex[:8]}"
         os.rename(final, old)
     os.rename(tmp, final)
     _fsync_path(final.parent)
@@ -235,15 +235,35 @@ def _swap_dir_into_place(tmp: Path, final: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
+def rename_into_new(tmp: Path, final: Path) -> None:
+    """Rename the folder `tmp` to `final`, which must not exist or be empty: a folder with
+    something in it is never replaced, so of two writers of one new folder the second is refused
+    here (one line), and the first one's output stays whole."""
+    try:
+        if final.is_dir():
+            final.rmdir()  # only when empty; a rename cannot replace even an empty folder on every platform
+        os.rename(tmp, final)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise UserError(f"{final}: another process wrote this folder while this one was writing it; nothing of its "
+                        "was replaced. Choose a new folder") from None
+    _fsync_path(final.parent)
+
+
 @contextlib.contextmanager
-def _staged_dir(final: Path) -> Iterator[Path]:
+def _staged_dir(final: Path, replace: bool = True) -> Iterator[Path]:
     """A new temporary folder beside `final`: what the block writes there replaces `final` in one
-    swap (made durable first) when the block ends without an exception, and is removed otherwise."""
+    swap (made durable first) when the block ends without an exception, and is removed otherwise.
+    replace=False: `final` must be new or empty when the block ends (see rename_into_new)."""
     tmp = _new_tmp_dir(final.parent, final.name)
     try:
         yield tmp
         _fsync_path(tmp)
-        _swap_dir_into_place(tmp, final)
+        if replace:
+            _swap_dir_into_place(tmp, final)
+        else:
+            rename_into_new(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -348,7 +368,7 @@ def save_model_checkpoint(
     config = {"model": model.config.to_dict(), **(extra_config or {})}
     if tokenizer is not None:
         config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
-    with _staged_dir(out_dir) as tmp:
+    with _staged_dir(out_dir, replace=overwrite) as tmp:
         _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
         _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
         if tokenizer is not None:

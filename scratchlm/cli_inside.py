@@ -319,14 +319,18 @@ def add_attention(sub) -> None:
 def _run_attention(args) -> int:
     import sys
     import warnings
+    from pathlib import Path
 
     from scratchlm.checkpoint import load_model
     from scratchlm.attention_maps import attention_figure, attention_weights, save_figure, token_labels
+    from scratchlm.outdir import check_not_input
 
     check_output_file(args.out, ".png", "--out", args.force)
     if not 10 <= args.dpi <= 1000:
         raise UserError(f"--dpi must be between 10 and 1000 (each panel is 3 x 3 inches), got {args.dpi}")
-    model, tokenizer, _ = load_model(args.checkpoint)
+    model, tokenizer, info = load_model(args.checkpoint)
+    ckpt = Path(info["checkpoint"])  # what was read: the checkpoint, its run's tokenizer and `latest`
+    check_not_input(args.out, [ckpt, ckpt.parent / "tokenizer", ckpt.parent / "latest"], "--out")
     if tokenizer is None:
         raise UserError(f"{args.checkpoint}: has no saved tokenizer, so the prompt cannot be turned into token ids")
     panels = len(args.layer or range(model.config.n_layer)) * len(args.head or range(model.config.n_head))

@@ -14,8 +14,7 @@ from typing import IO
 def cache_home() -> Path:
     """scratchlm's cache folder: $SCRATCHLM_CACHE, else ~/.cache/scratchlm. Prepared data goes in
     its data/ (scratchlm.data.cache_root), the compiled kernels (decoding and training) in kernels/
-    unless $SCRATCHLM_KERNEL_CACHE names another folder, the measured CPU matmul peak in
-    cpu_peak.json."""
+    unless $SCRATCHLM_KERNEL_CACHE names another folder."""
     env = os.environ.get("SCRATCHLM_CACHE")
     return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm"
 
@@ -27,6 +26,18 @@ def umask() -> int:
     return mask
 
 
+TEMP_STEM_CHARS = 32
+"""How much of a name a temporary name beside it repeats (see temp_stem)."""
+
+
+def temp_stem(name: str) -> str:
+    """The part of `name` a temporary file or folder beside it is named after: its first
+    TEMP_STEM_CHARS characters. A file name may hold 255 bytes; a legal 250-character name with
+    a dot, a random part and `.tmp` added would not fit, and the error would name the temporary
+    file, not the user's."""
+    return name[:TEMP_STEM_CHARS]
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = False) -> Iterator[IO]:
     """open(path, mode) whose content appears under `path` only once the block ends without an
@@ -36,7 +47,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = F
     `.NAME.*.tmp`). durable=True also flushes the data to the disk before the rename. The new
     file gets the usual permissions (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f
@@ -48,3 +59,60 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = F
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
+
+
+def append_line(path: str | os.PathLike, line: str) -> None:
+    """Append `line` and a newline to a log of one record per line, whole or not at all: a write
+    that fails part-way (a full disk, an interrupt) is cut back off, so the log never ends in half
+    a record that the next record would be glued to. One writer at a time (a run holds its lock)."""
+    data = (line + "\n").encode("utf-8")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        start = os.fstat(fd).st_size
+        try:
+            done = 0
+            while done < len(data):  # a write may take only part; the rest follows, or fails
+                done += os.write(fd, data[done:])
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, start)  # shrinking needs no space, so it works on a full disk
+            raise
+    finally:
+        os.close(fd)
+
+
+def cut_torn_tail(path: str | os.PathLike) -> int:
+    """Cut a torn last record off a log of one JSON object per line (append_line's format): a last
+    line that is not JSON is what a write that did not finish leaves (a full disk, a kill, a crash
+    of the machine); a whole record that lacks only its newline gets it back. Returns the bytes
+    cut (0: none, or no log). Only the last line is read, so a long log costs nothing."""
+    import json
+
+    try:
+        f = open(path, "rb+")
+    except FileNotFoundError:
+        return 0
+    with f:
+        size = f.seek(0, os.SEEK_END)
+        tail, pos, cut = b"", size, -1
+        while pos > 0 and cut == -1:  # back to the newline before the last line
+            step = min(1 << 16, pos)
+            pos -= step
+            f.seek(pos)
+            tail = f.read(step) + tail
+            cut = tail.rfind(b"\n", 0, len(tail) - 1)
+        start = pos + cut + 1  # where the last line begins (0 when it is the only one)
+        last = tail[cut + 1:]
+        if not last:
+            return 0
+        f.seek(size)
+        try:
+            whole = isinstance(json.loads(last.decode("utf-8")), dict)  # a record; `12` may be `123` torn
+        except ValueError:  # UnicodeDecodeError is one too
+            whole = False
+        if not whole:
+            f.truncate(start)
+            return size - start
+        if not last.endswith(b"\n"):  # a whole record that lost only its newline keeps it
+            f.write(b"\n")
+        return 0

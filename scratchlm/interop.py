@@ -32,9 +32,10 @@ from typing import Any, Mapping
 
 import torch
 
-from scratchlm.checkpoint import quiet_torch_load
+from scratchlm.checkpoint import quiet_torch_load, rename_into_new
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
+from scratchlm.fileio import temp_stem
 from scratchlm.flops import count_params
 from scratchlm.memory import check_fits, footprint
 from scratchlm.model import GPT
@@ -464,7 +465,7 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     hf_config["dtype"] = str(model.transformer.wte.weight.dtype).removeprefix("torch.")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    tmp = Path(tempfile.mkdtemp(prefix=f".{temp_stem(out_dir.name)}.tmp-", dir=out_dir.parent))
     try:
         from safetensors.torch import save_file
 
@@ -475,9 +476,7 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
                                                                indent=2) + "\n", encoding="utf-8")
         if tokenizer is not None:
             write_hf_tokenizer(tokenizer, tmp, model_max_length=model.config.block_size)
-        if out_dir.exists():
-            out_dir.rmdir()  # empty (checked above); rename cannot replace it on every platform
-        os.rename(tmp, out_dir)
+        rename_into_new(tmp, out_dir)  # a folder another writer filled since the check is refused, left whole
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

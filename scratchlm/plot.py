@@ -7,6 +7,7 @@ from pathlib import Path
 
 from scratchlm.errors import UserError, check_output_file
 from scratchlm.fileio import atomic_write
+from scratchlm.outdir import check_not_input
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:
@@ -43,6 +44,7 @@ def plot_run(run_dir: Path | str, out: Path | str | None = None, force: bool = F
     must end in .png (force=True writes any name, replacing what is there)."""
     out = Path(out) if out else Path(run_dir) / "loss.png"
     check_output_file(out, ".png", "--out", force)
+    check_not_input(out, [Path(run_dir) / "metrics.jsonl"], "--out")  # --force does not let a picture replace the log
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed

@@ -30,39 +30,43 @@ class RunLock:
     folders `acquire` made if nothing else was written in them, so a run that failed to start
     leaves nothing behind."""
 
-    def __init__(self, run_dir: Path | str):
+    def __init__(self, run_dir: Path | str, *, doing: str = "training in this run folder", flag: str = "--out_dir"):
+        """`doing` and `flag` word the refusals: what the holder is doing there, and the flag
+        that chose the folder (other commands that write a folder lock it too: `prepare`)."""
         self.run_dir = Path(run_dir)
+        self.doing, self.flag = doing, flag
         self.path = self.run_dir / LOCK_FILE
         self._fd: int | None = None
         self._made: list[Path] = []  # folders acquire created, deepest last
 
-    def acquire(self) -> "RunLock":
+    def acquire(self, wait: bool = False) -> "RunLock":
+        """Take the lock (see the class); `wait`: wait for a holder to end instead of refusing."""
         missing = [p for p in (self.run_dir, *self.run_dir.parents) if not p.exists()]
         try:
             self.run_dir.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            raise UserError(f"{self.run_dir}: cannot make the run folder ({exc.strerror or exc}); "
-                            "choose another --out_dir") from None
+            raise UserError(f"{self.run_dir}: cannot write this folder ({exc.strerror or exc}); "
+                            f"choose another {self.flag}") from None
         self._made = list(reversed(missing))
         while True:
             try:
                 fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             except OSError as exc:
                 self._remove_made()
-                raise UserError(f"{self.run_dir}: cannot write in the run folder ({exc.strerror or exc}); "
-                                "training would fail at its first save. Fix the folder's permissions or "
-                                "choose another") from None
+                raise UserError(f"{self.run_dir}: cannot write in the folder ({exc.strerror or exc}); "
+                                "nothing could be saved there. Fix the folder's permissions or "
+                                f"choose another {self.flag}") from None
             if fcntl is None:
                 break
             try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
                 holder = _read_pid(fd)
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
                     raise
                 who = f"process {holder}" if holder else "another process"
-                raise UserError(f"{self.run_dir}: {who} is training in this run folder; wait for it to end "
+                raise UserError(f"{self.run_dir}: {who} is {self.doing}; wait for it to end "
                                 f"(or stop it) before writing here again") from None
             # the holder before us may have removed the file between our open and our lock:
             # then we hold a lock on a file nobody else can find, so take the new one instead

@@ -280,18 +280,22 @@ def test_prepare_gpt2_offline(tmp_path):
     assert (out / "tokenizer" / "gpt2.tiktoken").read_bytes() == (GPT2_DIR / "gpt2.tiktoken").read_bytes()
 
 
-def test_prepare_replaces_an_existing_output(tmp_path):
+def test_prepare_replaces_its_own_output_and_refuses_a_folder_with_a_users_file(tmp_path):
     _write(tmp_path / "one.txt", "first version of the text\n" * 5)
     cfg = DataConfig(data=str(tmp_path / "one.txt"), tokenizer="char")
     out = prepare(cfg, tmp_path / "out", progress=False)
-    (out / "notes.txt").write_text("mine")
+    assert (out / ".scratchlm-output").read_text() == "scratchlm prepare\n"  # the marker that makes it prepare's
     _write(tmp_path / "one.txt", "a second, different text!\n" * 9)
     prepare(cfg, out, progress=False)
     tok = load_tokenizer(out / "tokenizer")
     stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
     assert tok.decode(stream[1:]) == "a second, different text!\n" * 9
-    assert (out / "notes.txt").read_text() == "mine"  # files prepare does not own are left alone
-    assert sorted(p.name for p in out.iterdir()) == ["meta.json", "notes.txt", "tokenizer", "train.bin", "val.bin"]
+    assert sorted(p.name for p in out.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]
+    (out / "notes.txt").write_text("mine")
+    before = _snapshot(out)
+    with pytest.raises(UserError, match=r"holds files that `scratchlm prepare` did not write \(notes.txt\)"):
+        prepare(cfg, out, progress=False)
+    assert _snapshot(out) == before
 
 
 def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
@@ -557,10 +561,10 @@ def _make_bad_input(name: str, d: Path) -> list[str]:
         for rel, content in files.items():
             (d / rel).parent.mkdir(parents=True, exist_ok=True)
             (d / rel).write_bytes(content)
-    out = d / "out"  # an earlier prepare's output that a failed run must leave alone
+    out = d / "out"  # an earlier prepare's output (its marker says so) that a failed run must leave alone
     (out / "tokenizer").mkdir(parents=True)
     for rel, content in {"train.bin": b"old train", "val.bin": b"old val", "meta.json": b"{}",
-                         "tokenizer/tokenizer_config.json": b"{}"}.items():
+                         "tokenizer/tokenizer_config.json": b"{}", ".scratchlm-output": b"scratchlm prepare\n"}.items():
         (out / rel).write_bytes(content)
     return ["prepare", *[f.format(d=d) for f in flags], "--out", str(out)]
 
@@ -572,7 +576,7 @@ def _check_bad_input_result(name: str, code: int, stderr: str, before: dict, d: 
     for words in BAD_INPUTS[name][2]:
         assert words in lines[0], (words, lines[0])
     assert _snapshot(d) == before  # every file byte-identical, nothing added (no staging folder left)
-    assert not any(p.name.startswith(".") for p in d.rglob("*"))
+    assert not any(p.name.startswith(".") and p.name != ".scratchlm-output" for p in d.rglob("*"))
 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
@@ -741,12 +745,18 @@ def test_tail_split_document_counts_at_the_cut_and_for_the_last_document(tmp_pat
     assert (meta["train_documents"], meta["val_documents"]) == (2, 0)  # n_train = 11: both BOS in train
 
 
-def test_preparing_into_a_folder_with_other_files_and_no_tokenizer_adds_one(tmp_path):
+def test_preparing_into_an_empty_folder_and_after_a_killed_first_try(tmp_path):
+    """An empty folder is taken; so is one that holds only what a prepare killed there left (its
+    stale lock file and staging folder), which the next prepare removes."""
     _write(tmp_path / "t.txt", "abcdefghij" * 10)
     out = tmp_path / "out"
     out.mkdir()
-    (out / "notes.txt").write_text("mine", encoding="utf-8")
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1), out, progress=False)
     tokenizer = load_tokenizer(out / "tokenizer")
     assert tokenizer.decode(tokenizer.encode("jihgfedcba")) == "jihgfedcba"
-    assert (out / "notes.txt").read_text(encoding="utf-8") == "mine" and (out / "meta.json").is_file()
+    killed = tmp_path / "killed"
+    (killed / ".staging-abc123" / "tokenizer").mkdir(parents=True)
+    (killed / ".staging-abc123" / "train.bin").write_bytes(b"half")
+    (killed / ".lock").write_text("999999\n")
+    prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), killed, progress=False)
+    assert sorted(p.name for p in killed.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]

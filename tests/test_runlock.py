@@ -138,7 +138,7 @@ def test_a_read_only_run_folder_is_refused_before_training(tmp_path):
                              timeout=240)
         lines = out.stderr.strip().splitlines()
         assert out.returncode == 2 and len(lines) == 1, out.stderr
-        assert "cannot write in the run folder" in lines[0] and "Read-only file system" in lines[0]
+        assert "cannot write in the folder" in lines[0] and "Read-only file system" in lines[0]
         assert "step" not in lines[0]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -13,6 +13,7 @@ compare); `split="documents"` sends a seeded random set of whole documents to va
 from __future__ import annotations
 
 import dataclasses
+import errno
 import hashlib
 import json
 import os
@@ -26,7 +27,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from scratchlm.fileio import atomic_write, cache_home, umask
+from scratchlm.fileio import atomic_write, cache_home
 from scratchlm.errors import ConfigError, UserError, check_folder_path
 from scratchlm.text_files import without_bom
 
@@ -449,48 +450,80 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
     return meta
 
 
+PREPARE = "scratchlm prepare"
+"""The command named in the marker of a folder prepare wrote (scratchlm.outdir)."""
+OUTPUT_NAMES = ("train.bin", "val.bin", "meta.json", "tokenizer")
+STAGING_PREFIX = ".staging-"
+
+
+def _is_own_name(name: str) -> bool:
+    return name in OUTPUT_NAMES or name.startswith(STAGING_PREFIX)
+
+
 def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | None = None) -> Path:
     """Tokenize the configured text into out_dir (train.bin, val.bin, meta.json, tokenizer/).
 
-    Everything is built in a hidden folder beside out_dir first, so a failure (bad input,
-    interrupt) leaves out_dir exactly as it was. Publishing renames the new files in, with
-    meta.json removed first and written last: a folder with a meta.json is complete.
-    `progress`: show a progress bar (None: when stderr is a terminal)."""
-    out_dir = Path(out_dir).expanduser()
+    out_dir must be new, empty, or a folder prepare wrote before (scratchlm.outdir: its marker,
+    or a complete output from before markers), and hold none of the input; one prepare at a time
+    writes it (its lock). Everything is built in a hidden staging folder inside out_dir first, so
+    a failure (bad input, a full disk, an interrupt) leaves out_dir exactly as it was. Publishing
+    renames the new files in, with meta.json removed first and written last: a folder with a
+    meta.json is complete. `progress`: show a progress bar (None: when stderr is a terminal)."""
+    return _prepare_into(cfg, Path(out_dir).expanduser(), progress, wait=False)
+
+
+def _prepare_into(cfg: DataConfig, out_dir: Path, progress: bool | None, *, wait: bool) -> Path:
+    """prepare(); `wait`: wait for another prepare of out_dir to end (and then take its output
+    when it is complete) instead of refusing."""
+    from scratchlm.outdir import claim_folder, mark
+
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
     check_folder_path(out_dir, "--out")
+    inputs = [s.path for s in _resolve_sources(cfg)] if cfg.data != "shakespeare" else []
+    if cfg.tokenizer_file is not None:
+        inputs.append(Path(cfg.tokenizer_file))
+    lock = claim_folder(out_dir, PREPARE, "--out", own=_is_own_name, inputs=inputs, legacy=is_prepared,
+                        doing="preparing data into this folder", wait=wait)
     try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
-    except OSError as exc:  # read-only, no permission, a full disk: say where, not the staging name
-        raise UserError(f"{out_dir.parent}: cannot write the prepared data here ({exc.strerror}); choose another --out") from None
-    os.chmod(staging, 0o777 & ~umask())  # mkdtemp makes 0700; the folder may become out_dir itself
-    try:
-        _build(cfg, staging, progress)
-        _publish(staging, out_dir)
+        if wait and is_prepared(out_dir):
+            return out_dir  # the other writer made it while this one waited
+        for stale in out_dir.glob(STAGING_PREFIX + "*"):  # a prepare killed here before: its leftovers
+            shutil.rmtree(stale, ignore_errors=True)
+        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
+        try:
+            _build_or_say_why(cfg, staging, out_dir, progress)
+            mark(out_dir, PREPARE)  # before publishing: a kill part-way leaves a folder a rerun knows as its own
+            _publish(staging, out_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        lock.release()
     return out_dir
 
 
-def _publish(staging: Path, out_dir: Path) -> None:
+def _build_or_say_why(cfg: DataConfig, staging: Path, out_dir: Path, progress: bool | None) -> None:
+    """_build, with a write that fails for lack of space said in one line that names out_dir
+    (not the staging file numpy was writing) and that nothing in it changed."""
     try:
-        os.rename(staging, out_dir)  # out_dir did not exist: one atomic step
-        return
-    except OSError:
-        pass
+        _build(cfg, staging, progress)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        raise UserError(f"{out_dir}: no room to write the prepared data ({exc.strerror}); nothing in {out_dir} "
+                        "was changed and the partial files were removed. Free some space, or choose another "
+                        "--out (or --data_cache)") from None
+
+
+def _publish(staging: Path, out_dir: Path) -> None:
+    """Move the staged output into out_dir (the same file system, so each step is a rename)."""
     meta = out_dir / "meta.json"
     if meta.exists():
         meta.unlink()  # from here until the new meta.json lands, the folder reads as incomplete
     old_tok = out_dir / "tokenizer"
     if old_tok.exists():
-        aside = Path(tempfile.mkdtemp(prefix=".tokenizer-old-", dir=out_dir))
-        os.rename(old_tok, aside / "tokenizer")
-        os.rename(staging / "tokenizer", old_tok)
-        shutil.rmtree(aside, ignore_errors=True)
-    else:
-        os.rename(staging / "tokenizer", old_tok)
+        os.rename(old_tok, staging / "tokenizer-old")  # removed with the staging folder
+    os.rename(staging / "tokenizer", old_tok)
     for name in ("train.bin", "val.bin", "meta.json"):
         os.replace(staging / name, out_dir / name)
 
@@ -542,10 +575,10 @@ def ensure_prepared(cfg: DataConfig, cache_root: str | os.PathLike | None = None
     """A prepared folder for cfg: reused from the cache when its inputs are unchanged, else made.
     Under DDP call it on one rank and let the others wait (a barrier), then call it everywhere."""
     directory = cache_dir(cfg, cache_root)
-    if is_prepared(directory):
-        meta = read_meta(directory)
-        _check_window(cfg, "train", meta["train_tokens"])
-        if cfg.val_fraction > 0:
-            _check_window(cfg, "validation", meta["val_tokens"])
-        return directory
-    return prepare(cfg, directory, progress=progress)
+    if not is_prepared(directory):  # made here, or by another process that holds it now (then waited for)
+        _prepare_into(cfg, directory, progress, wait=True)
+    meta = read_meta(directory)
+    _check_window(cfg, "train", meta["train_tokens"])
+    if cfg.val_fraction > 0:
+        _check_window(cfg, "validation", meta["val_tokens"])
+    return directory
