@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from scratchlm.fileio import append_line
 from scratchlm.train_config import TrainConfig
 
 
@@ -35,8 +36,7 @@ class Reporter:
         if not self.is_main:
             return
         line = json.dumps({"event": event, **values, "time": time.time()})
-        with open(self.metrics_path, "a", encoding="utf-8") as f:
-            f.write(line + "\n")
+        append_line(self.metrics_path, line)  # whole or not at all: a full disk leaves no half record
 
     def say(self, text: str) -> None:
         if self.mode == "quiet":

@@ -5,11 +5,12 @@ counters the loop advances, evaluation, samples and checkpoints. scratchlm.train
 
 from __future__ import annotations
 
+import errno
 import json
 import math
-import os
 import random
 import signal
+import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -22,14 +23,15 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.config import GPTConfig
 from scratchlm.cpu import auto_dtype
 from scratchlm.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects
-from scratchlm.errors import UserError, check_folder_path
+from scratchlm.errors import UserError
+from scratchlm.fileio import cut_torn_tail
 from scratchlm.evaluation import RankBatches, evaluate, evaluate_full, sample_text
 from scratchlm.flops import device_peak, flops_per_token, si_units
 from scratchlm.memory import check_model_fits
 from scratchlm.model import GPT
 from scratchlm.optim import make_optimizer
 from scratchlm.progress import Reporter
-from scratchlm.runlock import LOCK_FILE, RunLock, holder
+from scratchlm import run_folder
 from scratchlm.train_config import TrainConfig
 
 
@@ -65,7 +67,7 @@ class Run:
         if cfg.dtype == "float16" and device.type != "cuda":
             raise UserError("--dtype float16 needs a CUDA device (gradient scaling); use bfloat16 on CPU")
         self.cfg, self.d, self.device = cfg, d, device
-        self.run_dir, self.resume_ckpt, self.lock = _run_folder(cfg, d, device)  # the folder is ours from here
+        self.run_dir, self.resume_ckpt, self.lock = run_folder.take_run_folder(cfg, d, device)  # the folder is ours from here
         cfg.out_dir = str(self.run_dir)
         try:
             self._set_up()
@@ -103,10 +105,16 @@ class Run:
         self.last_good_ckpt = self.resume_ckpt
         if self.resume_ckpt is not None:
             self._load_training_state()
+            if self.step >= cfg.max_steps:  # checked last, so a broken checkpoint is reported first
+                raise UserError(f"{self.run_dir}: the run is at step {self.step} and --max_steps is {cfg.max_steps}, so "
+                                f"there is nothing to train; give a --max_steps above {self.step} to train it further")
         if d.is_main and self.resume_ckpt is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
-            ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)
-        self.reporter = Reporter(cfg, self.run_dir, d.is_main, self.step)
+            run_folder.clear_start_leftovers(self.run_dir)
+            ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)  # staged and renamed: a kill here leaves a rerunnable folder
+        if d.is_main and self.resume_ckpt is not None:
+            _cut_torn_log(self.run_dir / METRICS_FILE)
+        self.reporter = _RunReporter(self, cfg, self.run_dir, d.is_main, self.step)
         self.tokens_per_step = cfg.batch_size * self.block_size * cfg.grad_accum * d.world_size
         # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from)
         self.peak_source = device_peak(device, cfg.dtype) if d.is_main else None
@@ -183,7 +191,12 @@ class Run:
 
     def _announce(self) -> None:
         cfg, d, raw = self.cfg, self.d, self.raw_model
+        changed = {} if self.resume_ckpt is None else _changed_settings(ckpt_io.read_config(self.resume_ckpt), cfg)
+        if changed:
+            self.reporter.say("resuming with changed settings: "
+                              + ", ".join(f"{name} {old} \u2192 {new}" for name, (old, new) in changed.items()))
         self.reporter.record("start" if self.resume_ckpt is None else "resume", step=self.step, config=cfg.to_dict(),
+                             **({"changed": changed} if changed else {}),
                              model=self.model_config.to_dict(), params=raw.num_params(), data_dir=str(self.prepared),
                              world_size=d.world_size, device=str(self.device))
         self.reporter.say(
@@ -291,17 +304,32 @@ class Run:
                       "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
                                     "eos_id": tok.eos_id}}
             scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
-            path = ckpt_io.save_checkpoint(
-                self.run_dir, at_step, model_state, config,
-                optimizer_state={"optimizer": optimizer_state, "scaler": scaler},
-                trainer_state=trainer_state, keep_last=cfg.keep_last or None,
-            )
+            try:
+                path = ckpt_io.save_checkpoint(
+                    self.run_dir, at_step, model_state, config,
+                    optimizer_state={"optimizer": optimizer_state, "scaler": scaler},
+                    trainer_state=trainer_state, keep_last=cfg.keep_last or None,
+                )
+            except UserError as exc:  # a full disk: say what the stop keeps and what it loses
+                raise UserError(f"{exc}. {self.kept_and_lost()}") from None
             self.reporter.record("checkpoint", step=at_step, path=str(path))
         if d.enabled:
             import torch.distributed as dist
 
             dist.barrier()
         return path
+
+    def kept_and_lost(self) -> str:
+        """What a run that stops now keeps (its last good checkpoint) and loses (the steps after it)."""
+        ckpt = self.last_good_ckpt
+        if ckpt is None:
+            return (f"Training stopped at step {self.step} with no checkpoint saved yet, so its steps are lost; free "
+                    "some space and start the run again")
+        at = int(ckpt_io.read_config(ckpt).get("step", 0))
+        if at >= self.step:
+            return f"Training stopped at step {self.step}; the checkpoint {ckpt} holds every step"
+        return (f"Training stopped at step {self.step}; kept: {ckpt} (step {at}); lost: steps {at + 1}-{self.step}, "
+                f"which `scratchlm train --resume {self.run_dir}` trains again once there is space")
 
     def evaluate(self, at_step: int, full: bool = False) -> tuple[float, float]:
         args = (self.model, self.val_tokens, self.cfg, self.block_size, self.device, self.d)
@@ -351,43 +379,41 @@ class Run:
         return result
 
 
-def _run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Path, Path | None, RunLock | None]:
-    """The run's folder, locked by the main process (scratchlm.runlock), and, when resuming, the
-    checkpoint to resume from (checked): read after the lock is taken, so no other writer can
-    move `latest` under us."""
-    run_dir = Path(cfg.resume) if cfg.resume else (Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg))
-    if cfg.resume and cfg.out_dir and Path(cfg.out_dir).resolve() != run_dir.resolve():
-        raise UserError("--resume continues the run in its own directory; drop --out_dir or make them equal")
-    if cfg.resume and ckpt_io.latest_checkpoint(run_dir) is None:
-        raise UserError(f"{run_dir}: no complete checkpoint to resume from")
-    lock, refusal = None, None
-    if d.is_main:  # the main process checks and locks; the others learn the outcome, so all stop together
+METRICS_FILE = "metrics.jsonl"
+
+
+class _RunReporter(Reporter):
+    """The run's Reporter: a record that cannot be written to metrics.jsonl (a full disk) stops
+    the run with one line naming the log and saying what is kept and what is lost. The write
+    itself leaves no half record (scratchlm.fileio.append_line)."""
+
+    def __init__(self, run: Run, *args) -> None:
+        super().__init__(*args)
+        self._run = run
+
+    def record(self, event: str, **values: Any) -> None:
         try:
-            if not cfg.resume:
-                _check_fresh_run_dir(run_dir)
-            lock = RunLock(run_dir).acquire()
-            if not cfg.resume:
-                _check_fresh_run_dir(run_dir)  # again: another run may have started here before the lock
-        except UserError as exc:
-            refusal = exc
-            if lock is not None:
-                lock.release()
-    if any_rank(refusal is not None, d, device):
-        raise refusal or UserError(f"{run_dir}: the main process could not take the run folder; see its error")
-    try:
-        if not cfg.resume:
-            return run_dir, None, lock
-        resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
-        saved = ckpt_io.read_config(resume_ckpt).get("train")
-        saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
-        if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
-            raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
-                            "optimizer (or start a new run)")
-    except BaseException:
-        if lock is not None:
-            lock.release()
-        raise
-    return run_dir, resume_ckpt, lock
+            super().record(event, **values)
+        except OSError as exc:
+            why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
+            raise UserError(f"{self.metrics_path}: cannot append to the run's log ({why}). "
+                            f"{self._run.kept_and_lost()}") from None
+
+
+def _cut_torn_log(path: Path) -> None:
+    """Cut a torn last record off the run's log before a resume appends to it, and say so."""
+    cut = cut_torn_tail(path)
+    if cut:
+        print(f"note: {path}: cut a torn last record ({cut} bytes, from a write that did not finish); the records "
+              "before it are kept", file=sys.stderr)
+
+
+def _changed_settings(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """The training settings a resume changes: {name: (saved value, value now)} (how progress is
+    shown, and where the run is, are not training settings)."""
+    then, now = saved.get("train") or {}, cfg.to_dict()
+    return {name: (then[name], value) for name, value in now.items()
+            if name not in ("resume", "out_dir", "progress") and name in then and then[name] != value}
 
 
 def _load_source(cfg: TrainConfig):
@@ -487,41 +513,16 @@ def _as_tuple(value: Any) -> Any:
     return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def _default_run_dir(cfg: TrainConfig) -> Path:
-    return Path("runs") / f"{cfg.preset or cfg.model}-{time.strftime('%Y%m%d-%H%M%S')}"
-
-
-def _check_fresh_run_dir(run_dir: Path) -> None:
-    check_folder_path(run_dir, "--out_dir")
-    if not run_dir.exists():
-        return
-    pid = holder(run_dir)
-    if pid is not None and pid != os.getpid():
-        raise UserError(f"{run_dir}: process {pid} is training in this run folder; choose another --out_dir")
-    if not run_dir.is_dir() or any(p.name != LOCK_FILE for p in run_dir.iterdir()):  # a lock file alone is no run
-        if _stopped_before_first_checkpoint(run_dir):
-            raise UserError(  # --resume would only say there is nothing to resume
-                f"{run_dir} already holds files but no checkpoint (a run stopped before its first one?); "
-                "delete it to start over there, or choose another --out_dir"
-            )
-        raise UserError(
-            f"{run_dir} already holds files (a run?); pass --resume {run_dir} to continue it, "
-            "or choose another --out_dir"
-        )
-
-
-def _stopped_before_first_checkpoint(run_dir: Path) -> bool:
-    """A run folder (its metrics.jsonl is written from the first step) that holds no checkpoint."""
-    return (run_dir / "metrics.jsonl").is_file() and ckpt_io.latest_checkpoint(run_dir) is None
-
-
 def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
     """The training config saved in a run's latest checkpoint, with some fields changed."""
     ckpt = ckpt_io.latest_checkpoint(run_dir)
     if ckpt is None:
         if not Path(run_dir).exists():
             why = "no such folder"
-        elif _stopped_before_first_checkpoint(Path(run_dir)):
+        elif run_folder.killed_while_starting(Path(run_dir)):
+            why = ("a run killed while it started, before its first step: start it again with the same command and "
+                   f"--out_dir {run_dir}")
+        elif run_folder.stopped_before_first_checkpoint(Path(run_dir)):
             why = ("a run stopped before its first checkpoint leaves nothing to continue: delete the folder and "
                    "start the run again, or start it in another --out_dir")
         else:
