@@ -27,6 +27,7 @@ import torch
 
 from test_bad_input import train_tiny_run
 
+JSON = {"Content-Type": "application/json"}
 POEM = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
 SERVE_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
 
@@ -60,13 +61,13 @@ class Served:
     def __init__(self, library, limits=None):
         import uvicorn
 
-        from scratchlm.serve.app import Limits, create_app
+        from scratchlm.serve.app import Limits, create_app, server_config
         from scratchlm.serve.cli import _bind
 
         self.app = create_app(library, limits or Limits())
         self.sock = _bind("127.0.0.1", 0)
         self.port = self.sock.getsockname()[1]
-        self.server = uvicorn.Server(uvicorn.Config(self.app, log_level="warning", access_log=False))
+        self.server = uvicorn.Server(server_config(self.app, limits or Limits(), self.sock))  # the command's settings
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
 
     def __enter__(self) -> "Served":
@@ -292,7 +293,7 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
         for seed in range(20):  # a draw may reach the end-of-text token by itself: then the next seed
             conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
             conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "seed": seed,
-                                                                   "max_new_tokens": 100_000}))
+                                                                   "max_new_tokens": 100_000}), headers=JSON)
             resp = conn.getresponse()
             seen, line = 0, None
             while seen < 3 and line not in ("", "event: done\n"):  # a draw may reach end-of-text first
@@ -326,7 +327,7 @@ def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
         conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "beams": 4,
-                                                               "max_new_tokens": 100_000}))
+                                                               "max_new_tokens": 100_000}), headers=JSON)
         assert wait_until(lambda: active_streams(s) == 1, 20)
         time.sleep(0.3)  # well into the search
         conn.close()
@@ -346,7 +347,7 @@ def _interrupt_a_stream(runs: Path, options: dict) -> tuple[list[str], int, str]
         port = int(re.search(r"http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
         conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", **options,
-                                                               "max_new_tokens": 100_000}))
+                                                               "max_new_tokens": 100_000}), headers=JSON)
         resp = conn.getresponse()
         lines, seen = [], 0
         while seen < 3 and (not lines or lines[-1] not in (b"", b"event: done\n")):  # eos may come first
@@ -435,7 +436,8 @@ def test_bodies_are_capped_and_must_be_json(served):
     assert got == 400 and "not JSON" in answer["error"]
     # a chunked body (no Content-Length) is counted as it arrives
     conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=30)
-    conn.request("POST", "/api/generate", body=iter([b"[" + b"1," * 20_000] * 3), encode_chunked=True)
+    conn.request("POST", "/api/generate", body=iter([b"[" + b"1," * 20_000] * 3), encode_chunked=True,
+                 headers=JSON)
     resp = conn.getresponse()
     assert resp.status == 413
     conn.close()

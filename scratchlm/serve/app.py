@@ -12,10 +12,12 @@ and generated OpenAPI pages would add a dependency (pydantic) and nothing the pa
     POST /api/attention     {"run", "text"} -> every layer's and head's attention weights
     GET  /api/inside?run=R  the shape trace and parameter table (what `scratchlm inspect` shows)
     GET  /api/walkthrough   the hand-size model's forward pass, station by station
-    GET  /api/training?run=R&since=OFFSET   the run's metrics records written since OFFSET
+    GET  /api/training?run=R&since=OFFSET   the run's metrics records written since OFFSET, and lines skipped
 
-Every request's work is bounded (see Limits): the body, the prompt, the tokens asked for, the
-attention text, and the number of streams at once. All torch work runs on one thread
+Every request's work is bounded (see Limits): the body (its size and its JSON's depth), the
+prompt, the tokens asked for, the attention text, the number of streams at once, the numbers in a
+query, and the time and connections a client may hold (guard.py, which also answers only this
+server's own Host names and, on the API, only its own page). All torch work runs on one thread
 (streams.ModelThread: why, there); the event loop and a small pool only read files and send.
 """
 
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import secrets
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,13 +35,15 @@ from typing import Any
 import torch
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
-from starlette.requests import Request
+from starlette.middleware import Middleware
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
-from scratchlm.serve.library import RunLibrary, UnknownRun, describe
+from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
+from scratchlm.serve.library import RunLibrary, UnknownRun
 from scratchlm.serve.labels import shown
 from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
 
@@ -53,7 +58,27 @@ class Limits:
     body_bytes: int = 64 * 1024
     attention_tokens: int = 128
     streams: int = 16  # generations running at once; more are told to retry
-    metrics_bytes: int = 2 * 1024 * 1024  # metrics sent per poll at most
+    metrics_bytes: int = 2 * 1024 * 1024  # metrics sent per poll at most; a longer line is skipped
+    json_depth: int = 8  # arrays and objects inside each other in a body (the API's are flat)
+    connections: int = 256  # open at once; past this, the one waiting longest for its request goes
+    request_seconds: float = 10.0  # to send a whole request, head and body, from connecting (or the last answer)
+    idle_seconds: int = 5  # an open connection with no request after its last answer is closed
+    head_bytes: int = 16 * 1024  # a request's line and headers
+
+
+def server_config(app, limits: Limits, listener: socket.socket):
+    """uvicorn's settings for the playground: the h11 protocol with guard.py's deadline and cap,
+    uvicorn's keep-alive timeout and concurrency limit, and h11's header size limit; and the
+    ceiling of `listener` (a guard.Listener, as cli._bind makes) at twice the cap."""
+    import uvicorn
+
+    cap = connection_cap(limits.connections)
+    if isinstance(listener, Listener):
+        listener.ceiling = 2 * cap
+    return uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                          http=guarded_protocol(limits.request_seconds, cap), ws="none",  # no page uses one
+                          timeout_keep_alive=limits.idle_seconds, limit_concurrency=cap + limits.streams,
+                          h11_max_incomplete_event_size=limits.head_bytes)
 
 
 class BadRequest(Exception):
@@ -78,6 +103,8 @@ def _guarded(handler):
             return _error(str(exc), 404)
         except UserError as exc:
             return _error(str(exc), 400)
+        except ClientDisconnect:  # the client left mid-request (or took too long: guard.py)
+            return Response(status_code=400)  # nobody is there to read it
 
     return route
 
@@ -93,17 +120,36 @@ async def _json_body(request: Request, limits: Limits) -> dict[str, Any]:
             raise BadRequest(f"the request body is larger than {limits.body_bytes:,} bytes", 413)
     try:
         data = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        raise BadRequest("the request body is not JSON") from None
+        too_deep = _depth(data) > limits.json_depth
+    except RecursionError:  # Python's reader recurses: about 1,000 deep fits in the body limit
+        too_deep = True
+    except (ValueError, UnicodeDecodeError) as exc:
+        why = "a number in it has more than 4,300 digits" if "digits" in str(exc) else "it is not JSON"
+        raise BadRequest(f"the request body cannot be read: {why}") from None
+    if too_deep:
+        raise BadRequest(f"the request body nests arrays or objects more than {limits.json_depth} deep")
     if not isinstance(data, dict):
         raise BadRequest("the request body must be a JSON object")
     return data
+
+
+def _depth(value: Any) -> int:
+    """How deep arrays and objects nest in a parsed JSON value (a scalar: 0), without recursion."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        value, depth = todo.pop()
+        if isinstance(value, (list, dict)):
+            deepest = max(deepest, depth)
+            todo += [(v, depth + 1) for v in (value.values() if isinstance(value, dict) else value)]
+    return deepest
 
 
 def _field(data: dict[str, Any], name: str, kind: type, default: Any = None, *, optional: bool = False) -> Any:
     value = data.get(name, default)
     if value is None and optional:
         return None
+    if isinstance(value, int) and abs(value) >= 2**64:  # no option takes one; float() would overflow
+        raise BadRequest(f"{name}: a number too large ({len(str(abs(value)))} digits)")
     if kind is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if kind is int and isinstance(value, float) and value.is_integer():
@@ -178,7 +224,7 @@ class Playground:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
 
     async def runs(self, request: Request) -> Response:
-        listed = await run_in_threadpool(lambda: [describe(e) for e in self.library.entries()])
+        listed = await run_in_threadpool(lambda: [self.library.describe(e) for e in self.library.entries()])
         return JSONResponse({"runs": listed, "default": listed[0]["name"] if listed else None})
 
     async def model_info(self, request: Request) -> Response:
@@ -233,14 +279,15 @@ class Playground:
     async def training(self, request: Request) -> Response:
         name = request.query_params.get("run")
         since = request.query_params.get("since", "0")
-        if not (since.isascii() and since.isdigit()):  # "²" is a digit to str.isdigit, not to int()
-            raise BadRequest(f"since: a byte offset, got {since[:20]!r}")
+        if not (since.isascii() and since.isdigit() and len(since) <= 19):  # "²" is a digit to str.isdigit
+            raise BadRequest(f"since: a byte offset (up to 19 digits), got {since[:20]!r}")
         entry = self.library.entry(name)  # one listing of the folder per poll
         metrics = self.library.metrics(entry)
         return JSONResponse(await run_in_threadpool(training_data, entry.run_dir, metrics, int(since), self.limits))
 
 
-def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
+def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str, ...] = ()) -> Starlette:
+    """The app; `names`: Host names it answers besides loopback's (guard.local_names)."""
     pg = Playground(library, limits)
     routes = [
         Route("/", pg.index),
@@ -256,10 +303,11 @@ def create_app(library: RunLibrary, limits: Limits = Limits()) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
+        quiet_accept_errors(asyncio.get_running_loop())
         yield
         pg.model_thread.close()  # its running streams are told to stop
 
-    app = Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, middleware=[Middleware(Guard, names=names)])
     app.state.model_thread = pg.model_thread
     return app
 
@@ -307,22 +355,35 @@ def walkthrough_data() -> dict[str, Any]:
 
 def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limits) -> dict[str, Any]:
     """The whole metrics lines written from byte `since` on (a line still being written waits for
-    the next poll), and whether the run is training now."""
+    the next poll), and whether the run is training now. A line no poll can hold (longer than
+    limits.metrics_bytes) or that is not JSON is skipped and named in "skipped"; a poll whose
+    `since` falls inside a line (the rest of a long one) starts at the next line."""
     from scratchlm.runlock import holder
 
     records: list[dict] = []
+    skipped: list[dict[str, Any]] = []
     offset, reset = since, False
     if metrics is not None:
         with open(metrics, "rb") as f:
             if since > f.seek(0, 2):  # the file is shorter than what was read: start it again
                 since, reset = 0, True
-            f.seek(since)
+            f.seek(max(since - 1, 0))
+            inside_a_line = since > 0 and f.read(1) != b"\n"
             chunk = f.read(limits.metrics_bytes)
-        whole = chunk[: chunk.rfind(b"\n") + 1]
-        offset = since + len(whole)
-        for line in whole.splitlines():
+        start = chunk.find(b"\n") + 1 if inside_a_line else 0
+        end = chunk.rfind(b"\n") + 1
+        if inside_a_line and start == 0:  # the rest of a long line, still going on past this chunk
+            start = end = len(chunk)
+        elif end == 0 and len(chunk) == limits.metrics_bytes:  # a line no poll can hold
+            skipped.append({"at": since, "why": f"a line longer than {limits.metrics_bytes:,} bytes"})
+            start = end = len(chunk)  # the next poll begins inside it, and goes on from its end
+        offset, at = since + end, since + start
+        for line in chunk[start:end].splitlines(keepends=True):
             try:
-                records.append(json.loads(line))
+                if line.strip():
+                    records.append(json.loads(line))
             except ValueError:
-                continue
-    return {"records": records, "next": offset, "reset": reset, "training": holder(run_dir) is not None}
+                skipped.append({"at": at, "why": "not a JSON line"})
+            at += len(line)
+    return {"records": records, "next": offset, "reset": reset, "skipped": skipped,
+            "training": holder(run_dir) is not None}

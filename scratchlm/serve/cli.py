@@ -46,6 +46,8 @@ def _run_uvicorn(config, model_thread, sock: socket.socket) -> None:
 
 
 def _bind(host: str, port: int) -> socket.socket:
+    from scratchlm.serve.guard import Listener
+
     if not 0 <= port <= 65535:
         raise UserError(f"--port must be between 0 and 65535, got {port}")
     try:
@@ -53,7 +55,7 @@ def _bind(host: str, port: int) -> socket.socket:
     except socket.gaierror as exc:
         raise UserError(f"--host {host}: not an address of this machine ({exc.strerror})") from None
     family, _, _, _, address = infos[0]
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock = Listener(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
@@ -100,10 +102,10 @@ def _run_serve(args) -> int:
 
 def _serve(args, sock: socket.socket) -> int:
     import torch
-    import uvicorn
 
     from scratchlm.devices import pick_device
-    from scratchlm.serve.app import Limits, create_app
+    from scratchlm.serve.app import Limits, create_app, server_config
+    from scratchlm.serve.guard import local_names
     from scratchlm.serve.library import RunLibrary
 
     # On a CPU, a model thread team as wide as the machine stalls whenever the browser takes a
@@ -115,7 +117,8 @@ def _serve(args, sock: socket.socket) -> int:
         library = RunLibrary(checkpoint=args.checkpoint, device=device)
     else:
         library = RunLibrary(runs=args.runs or DEFAULT_RUNS, device=device)
-    app = create_app(library, Limits(max_new_tokens=args.max_new_tokens))
+    limits = Limits(max_new_tokens=args.max_new_tokens)
+    app = create_app(library, limits, names=tuple(local_names(args.host)))
     host, port = sock.getsockname()[:2]
     if not _is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",
@@ -127,6 +130,5 @@ def _serve(args, sock: socket.socket) -> int:
     threads = torch.get_num_threads()
     print(f"scratchlm playground: http://{shown}:{port}/  ({n} run{'' if n == 1 else 's'}, {threads} torch "
           f"thread{'' if threads == 1 else 's'}; Ctrl-C stops it)", flush=True)
-    config = uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2)
-    _run_uvicorn(config, app.state.model_thread, sock)
+    _run_uvicorn(server_config(app, limits, sock), app.state.model_thread, sock)
     return 0

@@ -3,8 +3,12 @@
 Every path the server reads comes from here, and none is built from a request: a request names a
 run, the name is looked up among the names this module listed itself, and an unknown name is an
 error. So `..`, an absolute path, a URL-encoded slash or a symlink leading out of the runs folder
-never reaches the file system: none of them is a listed name. A symlinked run folder is not
-listed, and neither is one whose real path lies outside the folder.
+never reaches the file system: none of them is a listed name (and a name that is a path is
+refused as one before the lookup). A symlinked run folder is not listed, wherever it points:
+one leading outside would serve files from elsewhere, and one leading to a run inside would list
+that run twice under two names. The listing reads a run's checkpoint config only where its real
+path lies inside the folder; a run whose files cannot be read is listed with its error, never
+hiding the others.
 """
 
 from __future__ import annotations
@@ -91,17 +95,22 @@ class RunLibrary:
             return [RunEntry(self.checkpoint.name, self.checkpoint, _metrics_of(self.checkpoint))]
         found = []
         for child in self.runs.iterdir():
-            if child.is_symlink() or not child.is_dir() or child.resolve().parent != self.runs:
+            try:
+                if child.is_symlink() or not child.is_dir() or child.resolve().parent != self.runs:
+                    continue
+                if _is_run(child):
+                    found.append((-_mtime(child), child.name, child))
+            except (OSError, UnicodeDecodeError):  # unreadable: not a run this server can show
                 continue
-            if _is_run(child):
-                found.append(child)
-        found.sort(key=lambda p: (-_mtime(p), p.name))
-        return [RunEntry(p.name, p, _metrics_of(p)) for p in found]
+        found.sort()
+        return [RunEntry(p.name, p, _metrics_of(p)) for _, _, p in found]
 
     def entry(self, name: Any) -> RunEntry:
         """The listed run called `name` (an exact match), or UnknownRun."""
         if name is None:
             raise UnknownRun("no run named in the request; GET /api/runs lists them")
+        if isinstance(name, str) and (name in (".", "..") or any(c in name for c in "/\\\0")):
+            raise UnknownRun(f"run {name[:80]!r} is a path; a run is named by its folder's name alone")
         if isinstance(name, str):
             for e in self.entries():
                 if e.name == name:
@@ -111,9 +120,15 @@ class RunLibrary:
     def load(self, name: Any) -> Loaded:
         """The model of run `name`, loaded once and kept (see MODELS_KEPT); reloaded when the run
         has written a newer checkpoint since, or its checkpoint's files changed (trained again)."""
+        entry = self.entry(name)
+        try:
+            return self._load(entry)
+        except UnicodeDecodeError:  # a `latest` pointer, say, that is not text
+            raise UserError(f"run {entry.name}: a file of it that should be text is not") from None
+
+    def _load(self, entry: RunEntry) -> Loaded:
         from scratchlm.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_model, resolve_checkpoint
 
-        entry = self.entry(name)
         is_checkpoint = any((entry.path / f).is_file() for f in ("config.json", WEIGHTS_FILE))
         if not is_checkpoint and latest_checkpoint(entry.path) is None:
             raise UserError(f"run {entry.name}: no checkpoint yet (a run in training writes one every "
@@ -145,6 +160,16 @@ class RunLibrary:
         if path.exists() and not path.resolve().is_relative_to(root):
             raise UnknownRun(f"{path.name} leads outside the served folder; not served")
         return path
+
+    def describe(self, entry: RunEntry) -> dict[str, Any]:
+        """What the model picker shows of a listed run (see `describe`); a run whose checkpoint
+        leads outside the served folder, or cannot be read, is shown with an "error" instead."""
+        try:
+            return describe(entry, self.check_inside)
+        except (UnknownRun, UserError, OSError, UnicodeDecodeError) as exc:
+            why = "a file of it that should be text is not" if isinstance(exc, UnicodeDecodeError) else str(exc)
+            return {"name": entry.name, "checkpoint": None, "step": None, "model": None, "training": False,
+                    "error": why.replace(str(entry.path), entry.name)[:200]}
 
     def metrics(self, entry: RunEntry) -> Path | None:
         """The listed run's metrics file, checked to lie inside the served folder."""
@@ -179,8 +204,9 @@ def _mtime(path: Path) -> float:
     return path.stat().st_mtime
 
 
-def describe(entry: RunEntry) -> dict[str, Any]:
-    """What the model picker shows of a run, read from its files without loading the model."""
+def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
+    """What the model picker shows of a run, read from its files without loading the model;
+    `check(path)` is called on the config file first (RunLibrary.check_inside)."""
     from scratchlm.checkpoint import latest_checkpoint, read_config
     from scratchlm.runlock import holder
 
@@ -188,6 +214,7 @@ def describe(entry: RunEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,
                            "training": holder(entry.run_dir) is not None}
     if ckpt is not None:
+        check(ckpt / "config.json")
         config = read_config(ckpt)
         out.update(checkpoint=ckpt.name, step=config.get("step"), model=config.get("model"))
     return out

@@ -113,7 +113,8 @@ class GenerationStream:
         self.queued = 0  # len(made): the model thread skips this stream past MAX_QUEUED
         self.steps = None
         self.text: list[str] = []
-        self.index, self.reason, self.began = 0, "length", 0.0
+        self.index, self.reason = 0, "length"
+        self.began: float | None = None  # perf_counter() when generation began; None before
 
     def _stop_asked(self) -> bool:
         """The reader went away, or the server is stopping."""
@@ -184,7 +185,8 @@ class GenerationStream:
 
     def _finish(self, reason: str) -> None:
         self._close_steps()
-        self._put(sse("done", {"reason": reason, "tokens": self.index, "seconds": time.perf_counter() - self.began,
+        seconds = 0.0 if self.began is None else time.perf_counter() - self.began  # stopped before it began: none
+        self._put(sse("done", {"reason": reason, "tokens": self.index, "seconds": seconds,
                                "text": "".join(self.text), "logprob": None}))
         self._put(None)
 
