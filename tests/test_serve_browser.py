@@ -134,24 +134,38 @@ def test_pointing_at_a_token_shows_the_models_own_probabilities(page, runs):
 
 
 def test_stop_ends_the_stream_and_the_servers_generation(page, served):
+    """Stop pressed while the server's model thread is held (a job that waits on a gate): no
+    token and no done event can be made meanwhile, so the stream cannot end by itself between
+    the check and the click, however busy the machine. It once could (a 2-second click timeout,
+    taken to mean "ended by itself", under load). The gate opens only once the server has seen
+    the reader go, so the next step the model thread takes is the one that ends the stream."""
+    import threading
+
+    model_thread = served.app.state.model_thread
     page.goto(page.base + "#generate")
     page.wait_for_function("window.playground.ready === true")
     page.fill("#prompt", "The ")
     page.fill("#max_new_tokens", "100000")
-    for seed in range(20):  # a draw may reach the end-of-text token first: then take the next seed
+    for seed in range(20):  # a draw may reach the end-of-text token in its first tokens: then the next seed
         page.fill("#seed", str(seed))
         page.click("#go")
         page.wait_for_function("document.querySelectorAll('#output .tok').length >= 5 || "
-                               "document.querySelector('#status').dataset.state === 'done'")
+                               "document.querySelector('#status').dataset.state !== 'running'")
+        gate = threading.Event()
+        held = model_thread.call(gate.wait)
         try:
-            page.click("#stop", timeout=2000)
-        except pw.TimeoutError:
-            continue  # it ended by itself before the click
-        page.wait_for_function("['stopped', 'done'].includes(document.querySelector('#status').dataset.state)")
-        if page.get_attribute("#status", "data-state") == "stopped":
-            break
+            assert wait_until(held.running, 30), "the model thread never took the gate"
+            if len(model_thread.active) == 1:  # still generating, and held: it cannot end by itself now
+                stream = model_thread.active[0]
+                page.click("#stop")
+                page.wait_for_function("document.querySelector('#status').dataset.state === 'stopped'")
+                assert wait_until(stream.cancel.is_set, 30), "the server never saw the reader go"
+                break
+        finally:
+            gate.set()
+        page.wait_for_function("document.querySelector('#status').dataset.state !== 'running'")
     assert page.get_attribute("#status", "data-state") == "stopped"
-    assert wait_until(lambda: active_streams(served) == 0, 20)
+    assert wait_until(lambda: active_streams(served) == 0, 30)
     assert page.locator("#output .tok").count() < 100_000
 
 
@@ -335,3 +349,64 @@ def test_an_empty_runs_folder_says_what_to_do_and_a_new_run_appears(browser, run
         shown = page.eval_on_selector_all("#output .tok", "spans => spans.map(s => s.textContent).join('')")
         context.close()
     assert shown == cli_generate(folder / "fresh", "ROMEO:", "--greedy", "--max-new-tokens", "20")
+
+
+FOREIGN_PAGE = """<!doctype html><html><body>
+<iframe name="sink"></iframe>
+<form id="form" method="POST" action="http://127.0.0.1:{port}/api/generate" enctype="text/plain" target="sink">
+<input name='{{"run": "mixed", "prompt": "The ", "x": "' value='"}}'></form>
+<script>
+window.results = {{}};
+const body = JSON.stringify({{run: "mixed", prompt: "The ", max_new_tokens: 5}});
+fetch("http://127.0.0.1:{port}/api/generate", {{method: "POST", mode: "no-cors", body,
+  headers: {{"Content-Type": "text/plain"}}}}).then(() => results.noCors = "sent", (e) => results.noCors = String(e));
+fetch("http://127.0.0.1:{port}/api/runs").then((r) => r.text()).then((t) => results.read = t,
+  (e) => results.read = "failed: " + e);
+document.querySelector("iframe").addEventListener("load", () => results.form = "sent");
+document.getElementById("form").submit();
+</script></body></html>"""
+
+
+def test_a_foreign_page_and_a_rebound_name_get_nothing(browser, served, monkeypatch):
+    """In a browser: a page of another site posts a form (text/plain), a no-cors fetch and a
+    reading fetch to the playground; a page whose name was rebound to 127.0.0.1 (Chromium's
+    host resolver rules stand in for the DNS) reads /api/runs as its "own". The server refuses
+    each (its guard is watched), and no stream starts. Chromium's own Private Network Access
+    checks are turned off: the server must not rely on one browser's protection."""
+    import scratchlm.serve.app as app_module
+    from scratchlm.serve.guard import Guard
+
+    refusals, made = [], []
+    judge = Guard.refusal
+    monkeypatch.setattr(Guard, "refusal", lambda self, scope: refusals.append(
+        (scope["path"], judge(self, scope))) or refusals[-1][1])
+    real = app_module.GenerationStream
+    monkeypatch.setattr(app_module, "GenerationStream", lambda *a: made.append(1) or real(*a))
+    port = served.port
+    args = [*CHROMIUM_ARGS, "--host-resolver-rules=MAP attacker.test 127.0.0.1",
+            "--disable-features=PrivateNetworkAccessSendPreflights,PrivateNetworkAccessRespectPreflightResults,"
+            "BlockInsecurePrivateNetworkRequests,LocalNetworkAccessChecks"]
+    rebinding = browser.browser_type.launch(executable_path=CHROMIUM, args=args)  # a browser of its own: its flags
+    try:
+        page = rebinding.new_page()
+        page.route("http://evil.test/", lambda route: route.fulfill(content_type="text/html",
+                                                                     body=FOREIGN_PAGE.format(port=port)))
+        page.goto("http://evil.test/")
+        page.wait_for_function("['noCors', 'read', 'form'].every((k) => k in window.results)", timeout=30_000)
+        results = page.evaluate("window.results")
+        # rebinding: the attacker's page came from its own server; its scripts now reach ours by its name
+        page.route(f"http://attacker.test:{port}/", lambda route: route.fulfill(content_type="text/html",
+                                                                              body="<html><body>rebound</body></html>"))
+        page.goto(f"http://attacker.test:{port}/")
+        rebound = page.evaluate("fetch('/api/runs').then(async (r) => [r.status, await r.text()])")
+        direct = page.goto(f"http://attacker.test:{port}/static/app.js")
+    finally:
+        rebinding.close()
+    assert results["read"].startswith("failed") and "mixed" not in results["read"]
+    assert rebound[0] == 403 and "mixed" not in rebound[1] and "this server answers to" in rebound[1]
+    assert direct.status == 403
+    assert made == []
+    seen = {(path, None if why is None else why[0]) for path, why in refusals}
+    assert {("/api/generate", 403), ("/api/runs", 403), ("/static/app.js", 403)} <= seen, refusals
+    assert all(why is not None for _, why in refusals), refusals
+    assert sum(path == "/api/generate" for path, _ in refusals) == 2  # the form and the no-cors fetch
