@@ -11,7 +11,10 @@ to the end. After every kill the checkpoint that `latest` names must load, and i
 optimizer state must be bit-identical to the reference run's checkpoint of the same step; at the
 end the final checkpoint must be bit-identical too. One thread everywhere, so summation orders
 agree. A kill before the first checkpoint leaves a run folder with no checkpoint, which cannot be
-resumed; the script then deletes it and starts afresh (and says so).
+resumed; the script then deletes it and starts afresh (and says so), and counts that kill as one
+that left nothing to compare, never as identical. `--first-kill-before-checkpoint` forces such a
+kill: the first run is held at its first line of output (its stdout a pipe filled beforehand, so
+the write blocks), after its folder is made and before its first step, and killed there.
 """
 
 from __future__ import annotations
@@ -79,6 +82,44 @@ class _Run:
         return code
 
 
+def _full_pipe() -> tuple[int, int]:
+    """(read end, write end) of a pipe whose buffer is full: a blocking write to it waits."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        while True:
+            os.write(w, b"\n" * 4096)
+    except BlockingIOError:
+        pass
+    os.set_blocking(w, True)
+    return r, w
+
+
+def kill_before_first_checkpoint(argv: list[str], env: dict, run: Path, timeout: float = 120) -> int:
+    """Start a fresh run whose stdout is a full pipe, so it blocks at its first printed line
+    (the one announcing the run, printed after its folder and its `start` record are made and
+    before its first step); once that record is there, SIGKILL it. Returns its exit status."""
+    r, w = _full_pipe()
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", *argv], cwd=REPO, env=env, stdout=w,
+                            stderr=subprocess.DEVNULL)
+    os.close(w)
+    try:
+        deadline = time.monotonic() + timeout
+        metrics = run / "metrics.jsonl"
+        while not (metrics.is_file() and '"start"' in metrics.read_text(encoding="utf-8")):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the run to be held before its first step ended or never started "
+                                   f"(exit status {proc.poll()})")
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGKILL)
+        return proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        os.close(r)
+
+
 def _tensors(ckpt: Path) -> dict:
     """Every tensor of a checkpoint: its weights and its optimizer state, by name."""
     import torch
@@ -102,10 +143,63 @@ def bit_identical(a: Path, b: Path) -> bool:
     return ta.keys() == tb.keys() and all(torch.equal(ta[k], tb[k]) and ta[k].dtype == tb[k].dtype for k in ta)
 
 
-def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir: Path | None = None,
-                    log=print) -> dict:
-    """Train a reference run, then the same run through `kills` SIGKILLs and resumes; compare."""
+def _judge(run: Path, ref: Path, done: int, code: int, number: int, log) -> dict:
+    """What a kill left: the step `latest` names (it must load whole) and whether that checkpoint
+    is bit-identical to the reference's of the same step; None when there is no checkpoint yet."""
     from scratchlm.checkpoint import latest_checkpoint, load_model
+
+    mid_save = any(run.glob(".tmp-*"))  # the kill landed inside a checkpoint write
+    after = latest_checkpoint(run)
+    step = None if after is None else int(after.name.split("-")[1])
+    same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical
+    if after is not None:
+        load_model(run)  # `latest` must always load whole
+        same = bit_identical(after, ref / after.name)
+    verdict = "no checkpoint yet" if same is None else "bit-identical" if same else "DIFFERS"
+    log(f"kill {number}: resumed at step {done}, killed at step ~{step}{' inside a save' if mid_save else ''}; "
+        f"latest checkpoint {verdict}")
+    return {"kill": number, "from_step": done, "latest_step": step, "exit": code, "mid_save": mid_save,
+            "identical": same}
+
+
+def _fresh_or_resume(run: Path, fresh_argv: list[str]) -> tuple[list[str], int, bool]:
+    """(argv, step it starts from, whether the folder was deleted): a run folder without a
+    checkpoint (killed before its first) cannot be resumed, so it is deleted and started afresh."""
+    from scratchlm.checkpoint import latest_checkpoint
+
+    latest = latest_checkpoint(run)
+    if latest is not None:
+        return ["train", "--resume", str(run), "--progress", "lines"], int(latest.name.split("-")[1]), False
+    deleted = run.exists()
+    if deleted:
+        shutil.rmtree(run)
+    return fresh_argv, 0, deleted
+
+
+def _reference_run(argv: list[str], env: dict, ref: Path) -> float:
+    """Train the uninterrupted run; return its seconds per step (with its save), from the run's
+    own log, so start-up is not part of it."""
+    reference = _Run(argv, env)
+    if reference.wait() != 0:
+        raise RuntimeError(f"the reference run failed:\n{reference.err}")
+    times = [e["time"] for e in map(json.loads, (ref / "metrics.jsonl").read_text().splitlines()) if e["event"] == "train"]
+    return (times[-1] - times[0]) / max(1, len(times) - 1)
+
+
+def _summary_line(result: dict) -> str:
+    return (f"{result['kills']} kills ({result['kills_inside_a_save']} inside a checkpoint write), "
+            f"{result['cycles_identical']} left a bit-identical latest checkpoint, "
+            f"{result['cycles_without_checkpoint']} none yet (nothing compared); "
+            f"final step {result['final_step']}/{result['steps']}: weights and optimizer state "
+            f"{'bit-identical' if result['final_identical'] else 'DIFFERENT'} to the uninterrupted run "
+            f"({result['seconds']}s)")
+
+
+def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir: Path | None = None,
+                    log=print, first_kill_before_checkpoint: bool = False) -> dict:
+    """Train a reference run, then the same run through `kills` SIGKILLs and resumes; compare.
+    first_kill_before_checkpoint: the first kill lands before the run's first step (see above)."""
+    from scratchlm.checkpoint import latest_checkpoint
 
     steps = steps or max(40, 6 * kills)
     own_dir = workdir is None
@@ -115,26 +209,21 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
     env = {**os.environ, "SCRATCHLM_CACHE": str(workdir / "cache"), "PYTHONWARNINGS": "ignore"}
     corpus = write_corpus(workdir / "corpus.txt")
     ref, run, data_cache = workdir / "reference", workdir / "killed", workdir / "data"
+    fresh = train_argv(corpus, run, data_cache, steps, seed)
     try:
         t0 = time.perf_counter()
-        reference = _Run(train_argv(corpus, ref, data_cache, steps, seed), env)
-        if reference.wait() != 0:
-            raise RuntimeError(f"the reference run failed:\n{reference.err}")
-        # seconds per step (with its save), from the run's own log: start-up is not part of it
-        times = [e["time"] for e in map(json.loads, (ref / "metrics.jsonl").read_text().splitlines()) if e["event"] == "train"]
-        per_step = (times[-1] - times[0]) / max(1, len(times) - 1)
+        per_step = _reference_run(train_argv(corpus, ref, data_cache, steps, seed), env, ref)
         log(f"reference: {steps} steps in {time.perf_counter() - t0:.1f}s ({1000 * per_step:.0f} ms/step with its save)")
 
         cycles, restarts_from_scratch = [], 0
+        if first_kill_before_checkpoint and kills:
+            code = kill_before_first_checkpoint(fresh, env, run)
+            cycles.append(_judge(run, ref, 0, code, 1, log))
         while len(cycles) < kills:
-            latest = latest_checkpoint(run)
-            done = 0 if latest is None else int(latest.name.split("-")[1])
+            argv, done, deleted = _fresh_or_resume(run, fresh)
+            restarts_from_scratch += deleted
             if done >= steps:
                 raise RuntimeError(f"the run finished after {len(cycles)} kills; give more --steps")
-            if latest is None and run.exists():
-                shutil.rmtree(run)  # killed before its first checkpoint: nothing to resume
-                restarts_from_scratch += 1
-            argv = ["train", "--resume", str(run), "--progress", "lines"] if latest else train_argv(corpus, run, data_cache, steps, seed)
             proc = _Run(argv, env)
             proc.training.wait()
             # a random instant of the training phase, spread so the run does not finish before the last kill
@@ -144,22 +233,13 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
             code = proc.wait()
             if code != -signal.SIGKILL:  # it ended by itself before the kill: finished early, or failed
                 raise RuntimeError(f"kill {len(cycles) + 1}: the run ended by itself with exit status {code}:\n{proc.err}")
-            mid_save = any(run.glob(".tmp-*"))  # the kill landed inside a checkpoint write
-            after = latest_checkpoint(run)
-            step = None if after is None else int(after.name.split("-")[1])
-            same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical
-            if after is not None:
-                load_model(run)  # `latest` must always load whole
-                same = bit_identical(after, ref / after.name)
-            cycles.append({"kill": len(cycles) + 1, "from_step": done, "latest_step": step, "exit": code, "mid_save": mid_save,
-                           "identical": same})
-            verdict = "no checkpoint yet" if same is None else "bit-identical" if same else "DIFFERS"
-            log(f"kill {len(cycles)}: resumed at step {done}, killed at step ~{step}{' inside a save' if mid_save else ''}; "
-                f"latest checkpoint {verdict}")
+            cycles.append(_judge(run, ref, done, code, len(cycles) + 1, log))
 
-        final = _Run(["train", "--resume", str(run), "--progress", "lines"], env)
+        argv, _, deleted = _fresh_or_resume(run, fresh)
+        restarts_from_scratch += deleted
+        final = _Run(argv, env)
         if final.wait() != 0:
-            raise RuntimeError(f"the last resume failed:\n{final.err}")
+            raise RuntimeError(f"the last run failed:\n{final.err}")
         last = latest_checkpoint(run)
         final_same = last is not None and last.name == latest_checkpoint(ref).name and bit_identical(last, ref / last.name)
         result = {
@@ -170,11 +250,7 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
             "final_identical": bool(final_same), "restarts_from_scratch": restarts_from_scratch,
             "seconds": round(time.perf_counter() - t0, 1), "cycles": cycles,
         }
-        log(f"{result['kills']} kills ({result['kills_inside_a_save']} inside a checkpoint write), "
-            f"{result['cycles_identical']} left a bit-identical latest checkpoint, "
-            f"{result['cycles_without_checkpoint']} none yet (nothing compared); "
-            f"final step {result['final_step']}/{steps}: weights and optimizer state "
-            f"{'bit-identical' if final_same else 'DIFFERENT'} to the uninterrupted run ({result['seconds']}s)")
+        log(_summary_line(result))
         return result
     finally:
         if own_dir:
@@ -188,8 +264,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0, help="seed of the run and of the kill instants (default: 0)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep the runs here (default: a temp dir, removed)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON at the end")
+    parser.add_argument("--first-kill-before-checkpoint", action="store_true",
+                        help="make the first kill land before the run's first step (it leaves no checkpoint)")
     args = parser.parse_args()
-    result = run_kill_resume(args.kills, args.steps, args.seed, args.workdir)
+    result = run_kill_resume(args.kills, args.steps, args.seed, args.workdir,
+                             first_kill_before_checkpoint=args.first_kill_before_checkpoint)
     if args.json:
         print(json.dumps(result, indent=1))
     ok = result["final_identical"] and result["cycles_identical"] + result["cycles_without_checkpoint"] == result["kills"]

@@ -3,6 +3,8 @@
     python scripts/mutate.py sampling                 # every mutant of scratchlm/sampling.py
     python scripts/mutate.py model --max 60 --seed 1  # 60 of them, drawn at random
     python scripts/mutate.py generate --list          # only list the mutants
+    python scripts/mutate.py --hand                   # the hand-made mutations (HAND_MUTATIONS)
+    python scripts/mutate.py --hand --only decay keep # only those whose name holds "decay" or "keep"
 
 Each mutant is one small edit of the module's source, found from its syntax tree: an arithmetic
 or comparison operator swapped (+ and -, * and /, < and <=, == and !=, ...), `and` for `or`, a
@@ -88,7 +90,63 @@ HAND_MUTATIONS = [
     ("decode step's rows not shared out (omp for removed)", "kernels/decode_step.c",
      "#pragma omp for schedule(guided, 32)\n", "",
      ["tests/test_decode_step.py::test_every_matrix_row_is_computed_once_and_two_threads_share_them"]),
+    # issue 30's survivors (each passed the suite once); a file under scripts/ is named from the repository root
+    ("beam search without inference mode", "generate.py",
+     "@torch.inference_mode()\ndef beam_search(", "def beam_search(",
+     ["tests/test_beam_and_stop_strings.py::test_beam_search_builds_no_graph"]),
+    ("kill_resume counts a kill that left no checkpoint as identical", "scripts/kill_resume.py",
+     "    same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical\n",
+     "    same = True\n",
+     ["tests/test_kill_before_checkpoint.py::test_the_held_run_had_made_its_folder_and_nothing_more_and_is_judged_so"]),
+    ("--init_from loads the source run's AdamW state", "run.py",
+     "        if self.resume_ckpt is not None:\n            self._load_training_state()\n",
+     "        if self.resume_ckpt is not None:\n            self._load_training_state()\n"
+     "        elif self.source is not None:\n            self.optimizer.load_state_dict(ckpt_io.load_training_state("
+     "ckpt_io.resolve_checkpoint(cfg.init_from))[0][\"optimizer\"])\n",
+     ["tests/test_schedule_and_saving.py::test_init_from_starts_a_fresh_adamw"]),
+    ("resume on another tokenizer: the tokenizer comparison removed", "run.py",
+     '    elif tokenizer and (tokenizer.get("kind")', '    elif False and tokenizer and (tokenizer.get("kind")',
+     ["tests/test_schedule_and_saving.py::test_a_resume_on_another_tokenizer_is_refused_and_changes_nothing"]),
+    ("--decay_steps ignored", "train.py",
+     "end = cfg.decay_steps or cfg.max_steps", "end = cfg.max_steps",
+     ["tests/test_schedule_and_saving.py::test_decay_steps_ends_the_decay_there_and_not_at_max_steps"]),
+    ("keep_last not passed when training saves", "run.py",
+     "keep_last=cfg.keep_last or None", "keep_last=None",
+     ["tests/test_schedule_and_saving.py::test_training_keeps_only_the_last_checkpoints_it_is_told_to"]),
+    ("prune_checkpoints deletes the checkpoint latest names", "checkpoint.py",
+     "keep = {latest_checkpoint(run_dir)}", "keep = set()",
+     ["tests/test_schedule_and_saving.py::test_pruning_never_deletes_the_checkpoint_latest_names"]),
+    ("mid-run validation on the training tokens", "run.py",
+     "args = (self.model, self.val_tokens, self.cfg", "args = (self.model, self.train_tokens, self.cfg",
+     ["tests/test_validation_and_windows.py::test_mid_run_validation_is_the_validation_loss_with_dropout_off"]),
+    ("mid-run validation with dropout on", "evaluation.py",
+     "    with eval_mode(model):\n        total = torch.zeros((), device=device)\n",
+     "    with nullcontext():\n        total = torch.zeros((), device=device)\n",
+     ["tests/test_validation_and_windows.py::test_mid_run_validation_is_the_validation_loss_with_dropout_off"]),
+    ("random windows never start at the last position", "data/shards.py",
+     "rng.integers(0, self.part - T, size=B)", "rng.integers(0, self.part - T - 1, size=B)",
+     ["tests/test_validation_and_windows.py::test_random_windows_start_everywhere_the_last_start_included"]),
+    ("text cut at the last stop string instead of the first", "text_rows.py",
+     "self._cut = min(hits)", "self._cut = max(hits)",
+     ["tests/test_beam_and_stop_strings.py::test_the_text_ends_before_the_first_stop_string_it_holds"]),
+    ("MFU not divided by the world size", "run.py",
+     "tok_s / self.d.world_size / self.peak", "tok_s / self.peak",
+     ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
+    ("tokens per step not multiplied by the world size", "run.py",
+     "cfg.grad_accum * d.world_size", "cfg.grad_accum",
+     ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
+    ("a saved model config missing a field loads with defaults (complete=True flipped)", "checkpoint.py",
+     'GPTConfig.from_dict(config["model"], complete=True)', 'GPTConfig.from_dict(config["model"], complete=False)',
+     ["tests/test_schedule_and_saving.py::test_a_saved_model_config_missing_a_field_is_refused"]),
+    ("a saved training config missing a field resumes with defaults (complete=True flipped)", "run.py",
+     "TrainConfig.from_dict(saved, complete=True)", "TrainConfig.from_dict(saved, complete=False)",
+     ["tests/test_schedule_and_saving.py::test_a_run_whose_saved_training_config_misses_a_field_is_not_resumed"]),
 ]
+
+
+def _repo_path(module_file: str) -> str:
+    """Where a mutated file lies in the repository: under scratchlm/, unless named from the root (scripts/)."""
+    return module_file if module_file.startswith("scripts/") else f"scratchlm/{module_file}"
 
 _SWAPS = {
     ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Div,
@@ -207,7 +265,7 @@ def _mutated_checkout(workdir: Path, module_file: str, source: str) -> tuple[Pat
     shutil.copy2(REPO / "pyproject.toml", copy / "pyproject.toml")
     if (REPO.parent / "shared").exists():
         (base / "shared").symlink_to(REPO.parent / "shared")
-    (copy / "scratchlm" / module_file).write_text(source, encoding="utf-8")
+    (copy / _repo_path(module_file)).write_text(source, encoding="utf-8")
     return base, copy
 
 
@@ -241,14 +299,18 @@ def _check_copy_is_used(module_file: str, tests: list[str], workdir: Path) -> No
                            "somewhere that comes first on sys.path?)")
 
 
-def run_hand_mutations(workdir: Path) -> bool:
-    """Apply each of HAND_MUTATIONS alone; print the tests that fail it. True when every one fails some."""
+def run_hand_mutations(workdir: Path, only: list[str] | None = None) -> bool:
+    """Apply each of HAND_MUTATIONS alone (with `only`: those whose name holds one of its words,
+    ignoring case); print the tests that fail it. True when every one fails some."""
+    chosen = [m for m in HAND_MUTATIONS if not only or any(w.lower() in m[0].lower() for w in only)]
+    if not chosen:
+        raise RuntimeError(f"no hand mutation's name holds any of {only}")
     _check_copy_is_used("sampling.py", MODULES["sampling"][1], workdir)
-    all_killed = True
-    for name, module_file, old, new, tests in HAND_MUTATIONS:
-        source = (REPO / "scratchlm" / module_file).read_text(encoding="utf-8")
+    all_killed, killed = True, 0
+    for name, module_file, old, new, tests in chosen:
+        source = (REPO / _repo_path(module_file)).read_text(encoding="utf-8")
         if source.count(old) != 1:
-            raise RuntimeError(f"{name}: the text to change is not in scratchlm/{module_file} exactly once")
+            raise RuntimeError(f"{name}: the text to change is not in {_repo_path(module_file)} exactly once")
         base, copy = _mutated_checkout(workdir, module_file, source.replace(old, new))
         try:
             proc = _pytest(copy, tests, 900, "-rf")
@@ -256,8 +318,10 @@ def run_hand_mutations(workdir: Path) -> bool:
             shutil.rmtree(base, ignore_errors=True)
         failed = sorted({line.split()[1] for line in proc.stdout.splitlines() if line.startswith("FAILED ")})
         all_killed &= bool(failed)
+        killed += bool(failed)
         print(f"{'killed' if failed else 'SURVIVED'}: {name} ({module_file}){': ' + ', '.join(failed) if failed else ''}",
               flush=True)
+    print(f"hand mutations: {killed}/{len(chosen)} killed", flush=True)
     return all_killed
 
 
@@ -265,6 +329,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("module", nargs="?", choices=sorted(MODULES))
     parser.add_argument("--hand", action="store_true", help="apply the hand-made mutations of HAND_MUTATIONS instead")
+    parser.add_argument("--only", nargs="+", metavar="WORD", default=None,
+                        help="with --hand: only the mutations whose name holds one of these words (any case)")
     parser.add_argument("--max", type=int, default=None, help="mutants to run, drawn at random (default: all)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the draw (default: 0)")
     parser.add_argument("--jobs", type=int, default=2, help="pytest processes at once (default: 2)")
@@ -278,9 +344,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.hand:
         with tempfile.TemporaryDirectory(prefix="scratchlm-mutate-") as tmp:
-            return 0 if run_hand_mutations(Path(tmp)) else 1
-    if args.module is None:
-        parser.error("give a module (or --hand)")
+            return 0 if run_hand_mutations(Path(tmp), args.only) else 1
+    if args.module is None or args.only:
+        parser.error("--only goes with --hand" if args.only else "give a module (or --hand)")
     module_file, tests = MODULES[args.module]
     found = mutants(REPO / "scratchlm" / module_file)
     chosen = found if args.max is None or args.max >= len(found) else sorted(
