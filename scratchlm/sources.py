@@ -5,7 +5,7 @@ The new run keeps the source's architecture and tokenizer (its ids must keep the
 the weights to be of any use) and starts a fresh optimizer and learning-rate schedule on its own
 data. The tokenizer is handed to data preparation as a saved tokenizer folder: the run's or
 checkpoint's own `tokenizer/`, or, for a Hugging Face folder, a copy saved once in scratchlm's
-cache.
+cache (named by the folder's place and its tokenizer files' bytes: a changed file is read afresh).
 """
 
 from __future__ import annotations
@@ -42,6 +42,16 @@ def _is_hf_folder(path: Path) -> bool:
     return is_hf_config(values)
 
 
+def _tokenizer_digest(path: Path) -> str:
+    """Names the cached copy of a Hugging Face folder's tokenizer: its place and its files' bytes,
+    so a tokenizer.json changed since (or a copy read by an older scratchlm) is never reused."""
+    digest = hashlib.sha256(f"{path.resolve()}\0ids-kept".encode())
+    for name in ("tokenizer.json", "vocab.json", "merges.txt"):
+        if (path / name).is_file():
+            digest.update(f"\0{name}\0".encode() + (path / name).read_bytes())
+    return digest.hexdigest()[:12]
+
+
 def load_source(path: str | Path, cache: Path) -> Source:
     """The model and tokenizer at `path` (see the module's docstring). `cache` holds the saved
     copy of a Hugging Face folder's tokenizer."""
@@ -58,8 +68,7 @@ def load_source(path: str | Path, cache: Path) -> Source:
         if tokenizer is None:
             raise UserError(f"--init_from {path}: its tokenizer is not one scratchlm reads (GPT-2's byte-level BPE, "
                             "or a tokenizer.json that export-hf wrote); a model cannot be trained on without it")
-        digest = hashlib.sha256(str(path.resolve()).encode()).hexdigest()[:12]
-        folder = cache / "init_from" / f"{path.name}-{digest}"
+        folder = cache / "init_from" / f"{path.name}-{_tokenizer_digest(path)}"
         if not (folder / TOKENIZER_DIR).is_dir():
             from scratchlm.checkpoint import save_tokenizer
 

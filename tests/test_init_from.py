@@ -149,3 +149,26 @@ def test_init_from_refuses_tokenizer_flags_as_it_refuses_model_flags(flags):
         config_from_preset("shakespeare-char", init_from="some-run", **flags)
     assert "--" + next(iter(flags)) in str(info.value)
     assert config_from_preset("shakespeare-char", init_from="some-run").init_from == "some-run"
+
+
+def test_a_hugging_face_folders_changed_tokenizer_is_read_afresh(tmp_path):
+    """The cached copy of a Hugging Face folder's tokenizer follows the file: renumber the ids in
+    tokenizer.json and the next --init_from reads the new ids, never the copy of the old ones."""
+    from scratchlm.config import GPTConfig
+    from scratchlm.interop import export_hf
+    from scratchlm.model import GPT
+    from scratchlm.sources import load_source
+    from scratchlm.tokenizer import CharTokenizer, load_tokenizer
+
+    tok = CharTokenizer("abc ")
+    export_hf(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)), tmp_path / "hf",
+              tok)
+    first = load_source(tmp_path / "hf", tmp_path / "cache")
+    assert load_tokenizer(first.tokenizer_dir).encode("cab") == [3, 1, 2]  # ' ' 0, a 1, b 2, c 3
+    path = tmp_path / "hf" / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    spec["model"]["vocab"].update({"a": 3, "c": 1})  # a and c swap ids
+    path.write_text(json.dumps(spec), encoding="utf-8")
+    second = load_source(tmp_path / "hf", tmp_path / "cache")
+    assert second.tokenizer_dir != first.tokenizer_dir
+    assert load_tokenizer(second.tokenizer_dir).encode("cab") == [1, 3, 2]
