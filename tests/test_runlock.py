@@ -2,8 +2,9 @@
 
 Real `python -m scratchlm train` processes: a second writer is refused with one line naming the
 first one's PID; a writer killed with SIGKILL leaves no lock that blocks the next one; and a
-reader that loads `latest` and generates in a loop while training writes 20 checkpoints always
-finds a whole checkpoint, whose text equals what that checkpoint gives when loaded afterwards.
+reader that loads `latest` and generates inside each of 6 checkpoint saves (the writer paused
+between writing the new checkpoint and renaming it into place) always finds a whole checkpoint,
+whose text equals what that checkpoint gives when loaded afterwards.
 """
 
 from __future__ import annotations
@@ -89,8 +90,33 @@ def test_a_second_writer_is_refused_and_a_killed_one_blocks_nobody(tmp_path):
     assert not (run / LOCK_FILE).exists()  # released on a clean end
 
 
+# The writer pauses inside each checkpoint save, at its most fragile instant (every file of the
+# new checkpoint written into its temporary folder, nothing renamed yet), says so with a file, and
+# goes on when the reader has read: a handshake, so the test sees a read inside every save however
+# fast or slow the machine is (it waited on timing before, and could see too few).
+_PAUSE_INSIDE_EACH_SAVE = """
+import os, time
+from pathlib import Path
+import scratchlm.checkpoint as ck
+real = ck._fsync_path
+def fsync_and_wait(path):
+    real(path)
+    path = Path(path)
+    if path.name.startswith(".tmp-ckpt-"):
+        step = int(path.name.split("-")[2])
+        (path.parent.parent / f"paused-{{step}}").touch()
+        go, end = path.parent.parent / f"go-{{step}}", time.monotonic() + {wait}
+        while not go.exists() and time.monotonic() < end:
+            time.sleep(0.01)
+ck._fsync_path = fsync_and_wait
+import sys
+from scratchlm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
 @pytest.mark.slow
-def test_a_reader_generating_from_latest_during_training_always_finds_a_whole_checkpoint(tmp_path):
+def test_a_reader_generating_from_latest_during_each_save_always_finds_a_whole_checkpoint(tmp_path):
     import torch
 
     from scratchlm.checkpoint import load_model
@@ -99,20 +125,28 @@ def test_a_reader_generating_from_latest_during_training_always_finds_a_whole_ch
     base = tmp_path
     run = train_tiny_run(base, base / "run")
     start = int((run / "latest").read_text().split("-")[1])
-    writer = subprocess.Popen(_resume(run, base / "data", start + 20, "--threads", "1", "--progress", "quiet"),
-                              env=_env(base), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    steps = 6
+    argv = _resume(run, base / "data", start + steps, "--threads", "1", "--progress", "quiet")[3:]  # after -m scratchlm
+    writer = subprocess.Popen([sys.executable, "-c", _PAUSE_INSIDE_EACH_SAVE.format(wait=240), *argv], env=_env(base),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     torch.set_num_threads(1)
     seen: list[tuple[Path, str]] = []
     try:
-        while writer.poll() is None:
-            model, tokenizer, info = load_model(run)  # `latest`, whatever it names now
+        for step in range(start + 1, start + steps + 1):
+            _wait_for(lambda: (base / f"paused-{step}").exists() or writer.poll() is not None, 240)
+            assert writer.poll() is None, writer.communicate()[1]
+            assert any(run.glob(f".tmp-ckpt-{step:08d}-*"))  # the new checkpoint is half-way into place
+            model, tokenizer, info = load_model(run)  # `latest`, whatever it names now: the one before
+            assert info["checkpoint"].name == f"ckpt-{step - 1:08d}"
             seen.append((info["checkpoint"], generate(model, tokenizer, "the", max_new_tokens=12, greedy=True).text))
+            (base / f"go-{step}").touch()
     finally:
+        for step in range(start + 1, start + steps + 1):  # never leave the writer waiting
+            (base / f"go-{step}").touch()
         _, err = writer.communicate(timeout=240)
     assert writer.returncode == 0, err
-    assert (run / "latest").read_text().strip() == f"ckpt-{start + 20:08d}"
-    during = {ckpt.name for ckpt, _ in seen}
-    assert len(during) >= 3, f"the reader saw only {sorted(during)}: too few to show reads during writes"
+    assert (run / "latest").read_text().strip() == f"ckpt-{start + steps:08d}"
+    assert len({ckpt.name for ckpt, _ in seen}) == steps
     for ckpt, text in seen:  # each checkpoint read while training wrote, loaded again now
         model, tokenizer, _ = load_model(ckpt)
         assert generate(model, tokenizer, "the", max_new_tokens=12, greedy=True).text == text, ckpt.name
