@@ -111,7 +111,12 @@ class Run:
         if d.is_main and self.resume_ckpt is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
             run_folder.clear_start_leftovers(self.run_dir)
-            ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)  # staged and renamed: a kill here leaves a rerunnable folder
+            try:  # staged and renamed: a kill here leaves a folder the same command starts again
+                ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)
+            except OSError as exc:  # the temporary folder's name would tell the user nothing
+                raise UserError(f"{self.run_dir / ckpt_io.TOKENIZER_DIR}: cannot save the run's tokenizer "
+                                f"({exc.strerror or exc}); no step was trained yet, so nothing is lost: free some "
+                                "space (or fix the folder) and run the same command again") from None
         if d.is_main and self.resume_ckpt is not None:
             _cut_torn_log(self.run_dir / METRICS_FILE)
         self.reporter = _RunReporter(self, cfg, self.run_dir, d.is_main, self.step)

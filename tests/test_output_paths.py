@@ -263,6 +263,36 @@ def test_resume_names_each_changed_setting(tiny_run, capsys):
     assert resumed[-1]["changed"] == {"max_steps": [4, 5], "lr": [0.003, 0.1]}
 
 
+def _new_run_argv(base: Path, run: Path) -> list[str]:
+    """A 2-step run of a tiny model on a small text, written to `run` (its data cache in base/data)."""
+    write_text(base / "t.txt")
+    return ["train", "--preset", "shakespeare-char", "--data", str(base / "t.txt"), "--tokenizer", "char",
+            "--max_steps", "2", "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--block_size", "8",
+            "--batch_size", "2", "--threads", "1", "--progress", "quiet", "--eval_iters", "1",
+            "--data_cache", str(base / "data"), "--out_dir", str(run)]
+
+
+def test_a_full_disk_while_a_run_saves_its_tokenizer_names_it_and_leaves_nothing(tmp_path, monkeypatch, capsys,
+                                                                                 one_torch_thread):
+    from scratchlm.cli import main
+
+    run = tmp_path / "runs" / "run"
+    (tmp_path / "runs").mkdir()
+    argv = _new_run_argv(tmp_path, run)
+    monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))
+
+    def full_disk(tokenizer, directory):  # as a write inside save_tokenizer's temporary folder fails
+        raise OSError(errno.ENOSPC, "No space left on device", str(Path(directory) / ".tmp-tokenizer-0a1b/chars.json"))
+
+    monkeypatch.setattr(ck, "save_tokenizer", full_disk)
+    assert main(argv) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line == (f"error: {run / 'tokenizer'}: cannot save the run's tokenizer (No space left on device); no step "
+                    "was trained yet, so nothing is lost: free some space (or fix the folder) and run the same "
+                    "command again")
+    assert list((tmp_path / "runs").iterdir()) == []  # the run folder the start made is gone again
+
+
 # kill the process at one point of save_tokenizer, as a kill -9 from outside would
 _KILL_IN_TOKENIZER_SAVE = """
 import os, signal
@@ -286,12 +316,8 @@ def test_a_run_killed_while_saving_its_tokenizer_is_started_again_by_the_same_co
                                                                                        capsys, where, left):
     from scratchlm.cli import main
 
-    write_text(tmp_path / "t.txt")
     run = tmp_path / "run"
-    argv = ["train", "--preset", "shakespeare-char", "--data", str(tmp_path / "t.txt"), "--tokenizer", "char",
-            "--max_steps", "2", "--n_layer", "1", "--n_embd", "16", "--n_head", "2", "--block_size", "8",
-            "--batch_size", "2", "--threads", "1", "--progress", "quiet", "--eval_iters", "1",
-            "--data_cache", str(tmp_path / "data"), "--out_dir", str(run)]
+    argv = _new_run_argv(tmp_path, run)
     proc = _cli(argv, tmp_path, prelude=_KILL_IN_TOKENIZER_SAVE.format(where=where))
     assert proc.returncode == -signal.SIGKILL, proc.stderr
     names = sorted(p.name for p in run.iterdir())
