@@ -473,3 +473,22 @@ def test_a_stream_stopped_before_it_began_reports_no_time():
     assert len(events) == 1 and events[0].startswith("event: done\n")
     done = json.loads(events[0].split("data: ", 1)[1])
     assert done == {"reason": "stopped", "tokens": 0, "seconds": 0.0, "text": "", "logprob": None}
+
+
+def test_connections_idle_after_their_answer_make_room_too(runs):
+    """Four connections at the cap of 4, each answered and then idle (long timeouts here, so
+    none closes by itself): a fifth client is answered, an idle one closed for it, not refused."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(request_seconds=600, idle_seconds=600, connections=4)) as s:
+        held = [http.client.HTTPConnection("127.0.0.1", s.port, timeout=60) for _ in range(4)]
+        for conn in held:
+            conn.request("GET", "/api/runs")
+            assert conn.getresponse().read() and conn.sock is not None  # kept open for the next request
+        status, answer = raw(s.port, "GET", "/api/runs", {"Host": f"127.0.0.1:{s.port}"})
+        assert status == 200 and answer["default"] == "mixed"
+        closed = select.select([conn.sock for conn in held], [], [], 60)[0]
+        assert closed and all(sock.recv(1) == b"" for sock in closed)
+        for conn in held:
+            conn.close()

@@ -176,15 +176,15 @@ def guarded_protocol(request_seconds: float, connections: int) -> type[H11Protoc
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
-            self.watch()
+            self.watch()  # idle again: the first to make room when the cap is reached
 
         def connection_lost(self, exc) -> None:
             self.unwatch()
             super().connection_lost(exc)
 
         def watch(self) -> None:
-            """Start the deadline when the connection begins waiting for a request; stop it once
-            the request is whole (its answer may stream for minutes)."""
+            """Start the deadline when the connection begins waiting for a request (on opening,
+            after an answer); stop it once the request is whole (its answer may stream for minutes)."""
             if self.transport.is_closing() or self.conn.their_state not in (h11.IDLE, h11.SEND_BODY):
                 self.unwatch()
             elif self.deadline is None:
