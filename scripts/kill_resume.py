@@ -86,11 +86,12 @@ def _full_pipe() -> tuple[int, int]:
     """(read end, write end) of a pipe whose buffer is full: a blocking write to it waits."""
     r, w = os.pipe()
     os.set_blocking(w, False)
-    try:
-        while True:
-            os.write(w, b"\n" * 4096)
-    except BlockingIOError:
-        pass
+    for chunk in (b"\n" * 4096, b"\n"):  # then byte by byte: not even a short line may fit
+        try:
+            while True:
+                os.write(w, chunk)
+        except BlockingIOError:
+            pass
     os.set_blocking(w, True)
     return r, w
 
