@@ -94,12 +94,22 @@ def _torch_save_durably(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
+def _why_write_failed(exc: BaseException) -> str:
+    """A failed write in a few words: a full disk said so (safetensors reports it in its own words)."""
+    full = getattr(exc, "errno", None) == errno.ENOSPC or "StorageFull" in str(exc) or "code: 28" in str(exc)
+    return "the disk is full" if full else f"the write failed ({getattr(exc, 'strerror', None) or exc})"
+
+
 def _write_failed(target: Path, exc: BaseException) -> UserError:
     """The one-line error for a save that could not be written (the old checkpoints are untouched)."""
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "StorageFull" in str(exc) or "code: 28" in str(exc)
-    why = "the disk is full" if full else f"the write failed ({getattr(exc, 'strerror', None) or exc})"
-    return UserError(f"{target}: cannot save the checkpoint: {why}; nothing was replaced and the previous "
-                     f"checkpoints are intact. Free some space (or fix the folder) and resume")
+    return UserError(f"{target}: cannot save the checkpoint: {_why_write_failed(exc)}; nothing was replaced and the "
+                     f"previous checkpoints are intact. Free some space (or fix the folder) and resume")
+
+
+def output_write_failed(target: Path, what: str, exc: BaseException) -> UserError:
+    """The one-line error for a new output folder that could not be written (nothing is left of it)."""
+    return UserError(f"{target}: cannot write {what}: {_why_write_failed(exc)}; nothing of it was left behind. "
+                     "Free some space (or fix the folder) and run the command again")
 
 
 def _new_tmp_dir(parent: Path, name: str) -> Path:
@@ -368,11 +378,14 @@ def save_model_checkpoint(
     config = {"model": model.config.to_dict(), **(extra_config or {})}
     if tokenizer is not None:
         config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
-    with _staged_dir(out_dir, replace=overwrite) as tmp:
-        _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
-        _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
-        if tokenizer is not None:
-            save_tokenizer(tokenizer, tmp)
+    try:
+        with _staged_dir(out_dir, replace=overwrite) as tmp:
+            _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
+            _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
+            if tokenizer is not None:
+                save_tokenizer(tokenizer, tmp)
+    except (OSError, SafetensorError) as exc:  # a full disk: name the folder, not the temporary one
+        raise output_write_failed(out_dir, "the checkpoint", exc) from None
     return out_dir
 
 

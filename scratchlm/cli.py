@@ -38,14 +38,20 @@ def _add_export_hf(sub) -> None:
 
 def _run_export_hf(args) -> int:
     import warnings
+    from pathlib import Path
 
-    from scratchlm.checkpoint import load_model
+    from safetensors import SafetensorError
+
+    from scratchlm.checkpoint import load_model, output_write_failed
     from scratchlm.interop import export_hf
 
     model, tokenizer, _ = load_model(args.checkpoint)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        out = export_hf(model, args.out_dir, tokenizer)
+        try:
+            out = export_hf(model, args.out_dir, tokenizer)
+        except (OSError, SafetensorError) as exc:  # a full disk: name OUT_DIR, not the temporary folder
+            raise output_write_failed(Path(args.out_dir), "the Hugging Face folder", exc) from None
     for w in caught:
         print(f"note: {w.message}", file=sys.stderr)
     print(f"wrote {out}: {', '.join(sorted(p.name for p in out.iterdir()))}")

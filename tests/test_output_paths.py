@@ -142,6 +142,34 @@ def test_a_folder_another_writer_filled_meanwhile_is_left_whole(tmp_path, monkey
     assert [p.name for p in out.iterdir()] == ["theirs.txt"]
 
 
+def test_a_full_disk_while_a_model_folder_is_written_names_it_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """import-hf's checkpoint writer and export-hf: safetensors reports a full disk in its own
+    words (not an OSError), which was a traceback; now one line naming the output folder."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    from scratchlm.cli import main
+
+    model = GPT(GPTConfig(vocab_size=40, **TINY_MODEL))
+    source = ck.save_model_checkpoint(model, None, tmp_path / "ckpt")
+    before = tree_hashes(tmp_path)
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full_disk)
+    monkeypatch.setattr(ck, "save_file", full_disk)
+    with pytest.raises(UserError) as caught:
+        ck.save_model_checkpoint(model, None, tmp_path / "imported")
+    assert str(caught.value) == (f"{tmp_path / 'imported'}: cannot write the checkpoint: the disk is full; nothing of it "
+                                 "was left behind. Free some space (or fix the folder) and run the command again")
+    assert main(["export-hf", str(source), str(tmp_path / "hf")]) == 2
+    line = _one_error_line(capsys.readouterr().err)
+    assert line.startswith(f"error: {tmp_path / 'hf'}: cannot write the Hugging Face folder: the disk is full; nothing")
+    assert tree_hashes(tmp_path) == before
+
+
 # ------------------------------------------------------------------------------------------ torn logs
 
 
