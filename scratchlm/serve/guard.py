@@ -26,7 +26,6 @@ import asyncio
 import errno
 import ipaddress
 import json
-import resource
 import socket
 import sys
 import weakref
@@ -35,6 +34,11 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+try:
+    import resource
+except ImportError:  # Windows: no descriptor limit to read
+    resource = None
 
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 REFUSED = b'HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\ncontent-length: %d\r\n' \
@@ -97,7 +101,7 @@ class Guard:
             headers.setdefault(key, value)  # the first of a repeated header; h11 refuses two Hosts
         host = headers.get(b"host", b"").decode("latin-1")
         name = host_name(host)
-        served = self.names | {str(scope.get("server", ("",))[0]).lower()}
+        served = self.names | {str((scope.get("server") or ("",))[0]).lower()}  # the address connected to
         if name not in served:
             return 403, (f"this server answers to {', '.join(sorted(self.names))} only, not host "
                          f"{host[:60]!r} (a page served elsewhere cannot use it)")
@@ -119,6 +123,8 @@ class Guard:
 def connection_cap(wanted: int) -> int:
     """`wanted`, lowered to a quarter of the file descriptors this process may open: the listener
     stops accepting at twice this (Listener), and the rest are the model's and the files'."""
+    if resource is None:
+        return wanted
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     return wanted if soft == resource.RLIM_INFINITY else max(4, min(wanted, soft // 4))
 
