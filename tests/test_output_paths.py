@@ -72,6 +72,42 @@ def test_a_second_prepare_into_a_folder_being_prepared_is_refused(tmp_path):
     assert (out / ".scratchlm-output").read_text() == "scratchlm prepare\n"
 
 
+def _waiting_on_flock(lock_file: Path) -> bool:
+    """Whether some process or thread waits for a flock on lock_file (Linux: /proc/locks lists a
+    waiter as `N: -> FLOCK ... MAJ:MIN:INODE ...`)."""
+    inode = os.stat(lock_file).st_ino
+    lines = Path("/proc/locks").read_text().splitlines()
+    return any("->" in line and "FLOCK" in line and f":{inode} " in line for line in lines)
+
+
+@pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks to see a waiter")
+def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(tmp_path):
+    """ensure_prepared (train's data cache) does not refuse a cache folder another process is
+    preparing: it waits for its lock, then takes the finished output instead of building again."""
+    import threading
+    import time
+
+    from scratchlm.data import ensure_prepared
+    from scratchlm.data.preparation import cache_dir
+
+    cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
+    folder = cache_dir(cfg, tmp_path / "cache")
+    elsewhere = prepare(cfg, tmp_path / "elsewhere", progress=False)  # what the other writer will have made
+    result: list = []
+    with RunLock(folder, doing="preparing data into this folder", flag="--out"):
+        waiter = threading.Thread(target=lambda: result.append(ensure_prepared(cfg, tmp_path / "cache", progress=False)))
+        waiter.start()
+        end = time.monotonic() + 120
+        while not _waiting_on_flock(folder / ".lock"):  # the thread is blocked on the lock: it did not refuse
+            assert waiter.is_alive() and time.monotonic() < end, result
+            time.sleep(0.01)
+        for p in elsewhere.iterdir():  # the other writer publishes, then lets go
+            os.rename(p, folder / p.name)
+        inode = os.stat(folder / "train.bin").st_ino
+    waiter.join(120)
+    assert result == [folder] and os.stat(folder / "train.bin").st_ino == inode  # taken, not built again
+
+
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):
     import scratchlm.data.preparation as preparation
 
