@@ -410,3 +410,25 @@ def test_a_foreign_page_and_a_rebound_name_get_nothing(browser, served, monkeypa
     assert {("/api/generate", 403), ("/api/runs", 403), ("/static/app.js", 403)} <= seen, refusals
     assert all(why is not None for _, why in refusals), refusals
     assert sum(path == "/api/generate" for path, _ in refusals) == 2  # the form and the no-cors fetch
+
+
+def test_the_training_tab_reads_past_a_line_too_long_for_a_poll(browser, runs, tmp_path):
+    """A 3 MB record between two train records: the page draws both points and says one line
+    was skipped (it used to stop at that line for good)."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    folder = tmp_path / "runs"
+    shutil.copytree(runs / "mixed", folder / "long")
+    lines = [{"event": "train", "step": 1, "loss": 4.0}, {"event": "sample", "step": 1, "text": "x" * 3_000_000},
+             {"event": "train", "step": 2, "loss": 3.0}]
+    (folder / "long" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines), encoding="utf-8")
+    with Served(RunLibrary(runs=folder), Limits()) as served:
+        context = browser.new_context()
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{served.port}/#training")
+        page.wait_for_function("window.playground && window.playground.ready === true")
+        page.wait_for_function("+document.querySelector('polyline.train-curve').dataset.points === 2", timeout=30_000)
+        assert page.get_attribute("#train-status", "data-skipped") == "1"
+        assert "1 line of the log skipped" in page.inner_text("#train-status")
+        context.close()

@@ -14,7 +14,7 @@ const playground = {
   attention: null,    // the last /api/attention answer
   inside: null,       // the last /api/inside answer (with .run)
   walkthrough: null,  // the /api/walkthrough answer
-  training: { records: [], next: 0, training: false },
+  training: { records: [], next: 0, training: false, skipped: 0 },
 };
 window.playground = playground;
 

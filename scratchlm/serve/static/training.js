@@ -12,7 +12,7 @@ function trainingShown(runChanged) {
 // A new model: start again from its first record.
 function resetTraining() {
   stopPolling();
-  playground.training = { records: [], next: 0, training: false };
+  playground.training = { records: [], next: 0, training: false, skipped: 0 };
   drawTraining();
 }
 
@@ -38,10 +38,12 @@ async function poll(epoch) {
     const data = await fetchJSON(url);
     if (epoch !== train.epoch) return;
     showError("train-error", "");
-    if (data.reset) state.records = []; // the metrics file was started again
+    if (data.reset) [state.records, state.skipped] = [[], 0]; // the metrics file was started again
     state.records.push(...data.records);
     state.next = data.next;
-    const changed = data.records.length > 0 || state.training !== data.training || !state.polled;
+    const skipped = (data.skipped || []).length;  // lines too long for a poll, or not JSON
+    state.skipped = (state.skipped || 0) + skipped;
+    const changed = data.records.length > 0 || skipped > 0 || state.training !== data.training || !state.polled;
     state.training = data.training;
     state.polled = true;
     if (changed) drawTraining();
@@ -63,14 +65,16 @@ function latest(records, event, field) {
 
 // The figures, the chart and the latest sample.
 function drawTraining() {
-  const { records, training } = playground.training;
+  const { records, training, skipped } = playground.training;
   const lastTrain = latest(records, "train", "tokens_per_s");
   const lastStep = [...records].reverse().find((r) => typeof r.step === "number");
   $("#train-tps").textContent = lastTrain ? `${fmtInt(lastTrain.tokens_per_s)} tokens/s` : "–";
   $("#train-step").textContent = lastStep ? fmtInt(lastStep.step) : "–";
   const last = records[records.length - 1];
   const lastText = last ? `${last.event}${typeof last.step === "number" ? " at step " + last.step : ""}` : "none";
-  $("#train-status").textContent = training ? "training now" : `not training (last record: ${lastText})`;
+  const skippedText = skipped ? `; ${skipped} line${skipped === 1 ? "" : "s"} of the log skipped (too long or not JSON)` : "";
+  $("#train-status").textContent = (training ? "training now" : `not training (last record: ${lastText})`) + skippedText;
+  $("#train-status").dataset.skipped = skipped || 0;
   $("#train-status").dataset.training = training;
   const trainPoints = lossPoints(records, "train", (r) => r.loss_mean ?? r.loss);
   const valPoints = lossPoints(records, "eval", (r) => r.val_loss);
