@@ -105,18 +105,10 @@ class Run:
         self.last_good_ckpt = self.resume_ckpt
         if self.resume_ckpt is not None:
             self._load_training_state()
-            if self.step >= cfg.max_steps:  # checked last, so a broken checkpoint is reported first
-                raise UserError(f"{self.run_dir}: the run is at step {self.step} and --max_steps is {cfg.max_steps}, so "
-                                f"there is nothing to train; give a --max_steps above {self.step} to train it further")
+            run_folder.check_steps_left(self.run_dir, self.step, cfg.max_steps)  # last: a broken checkpoint says so first
         if d.is_main and self.resume_ckpt is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
-            run_folder.clear_start_leftovers(self.run_dir)
-            try:  # staged and renamed: a kill here leaves a folder the same command starts again
-                ckpt_io.save_tokenizer(self.tokenizer, self.run_dir)
-            except OSError as exc:  # the temporary folder's name would tell the user nothing
-                raise UserError(f"{self.run_dir / ckpt_io.TOKENIZER_DIR}: cannot save the run's tokenizer "
-                                f"({exc.strerror or exc}); no step was trained yet, so nothing is lost: free some "
-                                "space (or fix the folder) and run the same command again") from None
+            run_folder.save_run_tokenizer(self.tokenizer, self.run_dir)
         if d.is_main and self.resume_ckpt is not None:
             _cut_torn_log(self.run_dir / METRICS_FILE)
         self.reporter = _RunReporter(self, cfg, self.run_dir, d.is_main, self.step)
@@ -325,16 +317,8 @@ class Run:
         return path
 
     def kept_and_lost(self) -> str:
-        """What a run that stops now keeps (its last good checkpoint) and loses (the steps after it)."""
-        ckpt = self.last_good_ckpt
-        if ckpt is None:
-            return (f"Training stopped at step {self.step} with no checkpoint saved yet, so its steps are lost; free "
-                    "some space and start the run again")
-        at = int(ckpt_io.read_config(ckpt).get("step", 0))
-        if at >= self.step:
-            return f"Training stopped at step {self.step}; the checkpoint {ckpt} holds every step"
-        return (f"Training stopped at step {self.step}; kept: {ckpt} (step {at}); lost: steps {at + 1}-{self.step}, "
-                f"which `scratchlm train --resume {self.run_dir}` trains again once there is space")
+        """What a run that stops now keeps and loses (see run_folder.kept_and_lost)."""
+        return run_folder.kept_and_lost(self.run_dir, self.last_good_ckpt, self.step)
 
     def evaluate(self, at_step: int, full: bool = False) -> tuple[float, float]:
         args = (self.model, self.val_tokens, self.cfg, self.block_size, self.device, self.d)

@@ -112,3 +112,37 @@ def clear_start_leftovers(run_dir: Path) -> None:
 def stopped_before_first_checkpoint(run_dir: Path) -> bool:
     """A run folder (its metrics.jsonl is written from the first step) that holds no checkpoint."""
     return (run_dir / "metrics.jsonl").is_file() and ckpt_io.latest_checkpoint(run_dir) is None
+
+
+def save_run_tokenizer(tokenizer, run_dir: Path) -> None:
+    """Save a new run's tokenizer, staged and renamed (checkpoint.save_tokenizer), so that a kill
+    here leaves a folder the same command starts again; a failure (a full disk) names the
+    tokenizer folder, not the temporary one, and says that nothing was trained yet."""
+    clear_start_leftovers(run_dir)
+    try:
+        ckpt_io.save_tokenizer(tokenizer, run_dir)
+    except OSError as exc:
+        raise UserError(f"{run_dir / ckpt_io.TOKENIZER_DIR}: cannot save the run's tokenizer ({exc.strerror or exc}); "
+                        "no step was trained yet, so nothing is lost: free some space (or fix the folder) and run "
+                        "the same command again") from None
+
+
+def kept_and_lost(run_dir: Path, last_good_ckpt: Path | None, step: int) -> str:
+    """What a run that stops at `step` keeps (its last good checkpoint) and loses (the steps after it)."""
+    if last_good_ckpt is None:
+        return (f"Training stopped at step {step} with no checkpoint saved yet, so its steps are lost; free some "
+                "space and start the run again")
+    at = int(ckpt_io.read_config(last_good_ckpt).get("step", 0))
+    if at >= step:
+        return f"Training stopped at step {step}; the checkpoint {last_good_ckpt} holds every step"
+    return (f"Training stopped at step {step}; kept: {last_good_ckpt} (step {at}); lost: steps {at + 1}-{step}, which "
+            f"`scratchlm train --resume {run_dir}` trains again once there is space")
+
+
+def check_steps_left(run_dir: Path, step: int, max_steps: int) -> None:
+    """Refuse a resume with nothing to train: the run is at or past --max_steps (a smaller
+    --max_steps than the run reached, or a finished run resumed as it was). Exiting 0 there hid
+    the mistake."""
+    if step >= max_steps:
+        raise UserError(f"{run_dir}: the run is at step {step} and --max_steps is {max_steps}, so there is nothing to "
+                        f"train; give a --max_steps above {step} to train it further")
