@@ -149,7 +149,8 @@ def _add_prepare(sub) -> None:
     p.add_argument("--tokenizer-file", default=None,
                    help="gpt2: a gpt2.tiktoken rank file (offline); bpe: a tokenizer.json; any: a saved tokenizer folder")
     p.add_argument("--out", default=None,
-                   help="output folder (default: the cache folder that `train` looks in for the same settings)")
+                   help="output folder: new, empty, or one prepare wrote before (default: the cache folder that "
+                        "`train` looks in for the same settings)")
     p.add_argument("--val-fraction", type=float, default=0.1, help="share held out for validation (default: 0.1)")
     p.add_argument("--split", choices=["tail", "documents"], default="tail",
                    help="tail: last tokens are validation (default); documents: a seeded random set of documents")
