@@ -13,12 +13,13 @@ is the run folders' (scratchlm.runlock, a flock on FOLDER/.lock).
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scratchlm.errors import UserError
 from scratchlm.fileio import atomic_write
-from scratchlm.runlock import LOCK_FILE, RunLock
+from scratchlm.runlock import LOCK_FILE, RunLock, holder
 
 MARKER = ".scratchlm-output"
 """The marker file: `scratchlm <command>` and a newline."""
@@ -87,12 +88,21 @@ def claim_folder(folder: Path | str, command: str, flag: str, *, own: Callable[[
     accept, or one marked by another command; a folder whose own-looking names carry no marker
     and that `legacy` (a check that it is a complete output of this command, from before markers)
     does not accept; a folder that holds one of `inputs`; a folder another process holds (unless
-    `wait`: then this waits for it). The check runs again once the lock is held, so a writer that
-    finished in between is seen. A folder the lock made is removed again on release when empty."""
+    `wait`: then this says so in one line and waits for it). The check runs again once the lock
+    is held, so a writer that finished in between is seen. A folder the lock made is removed
+    again on release when empty."""
     folder = Path(folder).expanduser()
     paths = [Path(p).expanduser() for p in inputs]
     _check(folder, command, flag, own, legacy, paths)
-    lock = RunLock(folder, doing=doing, flag=flag).acquire(wait=wait)
+    lock = RunLock(folder, doing=doing, flag=flag)
+    try:
+        lock.acquire()
+    except UserError:
+        pid = holder(folder)
+        if not wait or pid is None:
+            raise
+        print(f"note: {folder}: process {pid} is {doing}; waiting for it to end", file=sys.stderr, flush=True)
+        lock.acquire(wait=True)
     try:
         _check(folder, command, flag, own, legacy, paths)
     except BaseException:

@@ -81,7 +81,7 @@ def _waiting_on_flock(lock_file: Path) -> bool:
 
 
 @pytest.mark.skipif(not Path("/proc/locks").exists(), reason="needs Linux's /proc/locks to see a waiter")
-def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(tmp_path):
+def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(tmp_path, capsys):
     """ensure_prepared (train's data cache) does not refuse a cache folder another process is
     preparing: it waits for its lock, then takes the finished output instead of building again."""
     import threading
@@ -106,6 +106,8 @@ def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(t
         inode = os.stat(folder / "train.bin").st_ino
     waiter.join(120)
     assert result == [folder] and os.stat(folder / "train.bin").st_ino == inode  # taken, not built again
+    assert capsys.readouterr().err == (f"note: {folder}: process {os.getpid()} is preparing data into this folder; "
+                                       "waiting for it to end\n")
 
 
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):
