@@ -82,6 +82,9 @@ def _load_model_for(args, default_preset: str):
     from scratchlm.model import GPT
 
     cfg = GPTConfig.from_name(args.preset or default_preset, **overrides)
+    from scratchlm.memory import check_meta_model_fits
+
+    check_meta_model_fits(cfg, f"the shapes of a model of {cfg.n_layer:,} layers", "--n_layer")
     with torch.device("meta"):
         return GPT(cfg)
 
@@ -168,6 +171,10 @@ def _run_walkthrough(args) -> int:
     targets = default_targets(ids, cfg.vocab_size) if args.targets is None else _id_list(args.targets, "--targets", labels)
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
+    if cfg.n_layer > WALKTHROUGH_MAX_LINES:  # each layer prints lines of its own: refused before a model is made
+        raise UserError(f"--n_layer {cfg.n_layer:,}: the walkthrough prints several lines a layer, at most "
+                        f"{WALKTHROUGH_MAX_LINES:,} in all; it is for hand-sized models: use a few layers, or "
+                        "`scratchlm inspect` for shapes at any size")
     lines, widest = printed_size(cfg, len(ids))
     if not args.forward_only:
         more, wide = training_size(cfg, len(ids))

@@ -14,6 +14,8 @@ One estimate serves every command (`footprint`), in four parts:
   kv_cache     keys and values of every layer for every generated row, the whole context
   output       the logits of the batch (or, decoding, a step's scores and their sorted copy) and
                the ids
+and, for a model built on the meta device (shapes without weights), its Python objects alone
+(`modules`: MODULE_BYTES_PER_LAYER a block), which a config of 10**8 layers makes terabytes.
 Figures are float32 (bfloat16 autocast keeps some activations in half the bytes) and leave out
 allocator slack and short-lived buffers: enough to refuse a size that cannot fit, which is what
 they are for, not a promise that everything below them does.
@@ -33,6 +35,10 @@ from scratchlm.flops import count_params
 TRAINING_BYTES_PER_PARAM = 16
 """float32 weights, their gradients and AdamW's two moments: 4 + 4 + 8 bytes."""
 
+MODULE_BYTES_PER_LAYER = 28_000
+"""The Python objects of one block (its modules and parameter objects), measured with tracemalloc
+on the meta device (where the weights take nothing): about 28 KB."""
+
 FLOAT = 4
 ID = 8  # int64 token ids
 
@@ -45,10 +51,11 @@ class Footprint:
     activations: int = 0
     kv_cache: int = 0
     output: int = 0
+    modules: int = 0
 
     @property
     def total(self) -> int:
-        return self.parameters + self.activations + self.kv_cache + self.output
+        return self.parameters + self.activations + self.kv_cache + self.output + self.modules
 
     def parts(self) -> str:
         """The parts that are not zero, as 'parameters 1.2 GB + output 3.4 GB'."""
@@ -193,3 +200,8 @@ def check_batch_fits(config: GPTConfig, device: torch.device | str, batch: int, 
     loaded): activations, logits and ids (and every layer's attention weights, for maps)."""
     need = footprint(config, batch=batch, seq_len=seq_len, param_bytes=0, attention_maps=attention_maps)
     check_fits(need, device, what, knobs)
+
+
+def check_meta_model_fits(config: GPTConfig, what: str, knobs: str = "n_layer") -> None:
+    """A model of `config` on the meta device: no weights, but every block's Python objects."""
+    check_fits(Footprint(modules=MODULE_BYTES_PER_LAYER * config.n_layer), "cpu", what, knobs)
