@@ -36,6 +36,8 @@ def made_by(folder: Path) -> str | None:
 
 def mark(folder: Path, command: str) -> None:
     """Say in `folder` that `command` made it (the marker is written whole or not at all)."""
+    for stale in Path(folder).glob(f".{MARKER}.*.tmp"):  # an earlier marker's write that a kill interrupted
+        stale.unlink(missing_ok=True)
     with atomic_write(Path(folder) / MARKER, "w") as f:
         f.write(f"{command}\n")
 
@@ -48,10 +50,10 @@ def _foreign(folder: Path, command: str, own: Callable[[str], bool], legacy: Cal
     by = made_by(folder)
     if by is not None and by != command:
         return names  # another scratchlm command's output: not ours to change
-    others = [n for n in names if n != LOCK_FILE and n != MARKER and not own(n)]
+    others = [n for n in names if n not in (LOCK_FILE, MARKER) and not n.startswith(f".{MARKER}.") and not own(n)]
     if others:
         return others
-    outputs = [n for n in names if not n.startswith(".")]  # what a killed first try leaves is hidden (a lock, staging)
+    outputs = [n for n in names if not n.startswith(".")]  # a killed try leaves hidden names (lock, staging, marker's temp)
     if by == command or not outputs or (legacy is not None and legacy(folder)):
         return []
     return outputs  # only names this command writes, but unmarked and no complete output: a user's files by those names

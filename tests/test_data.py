@@ -747,7 +747,7 @@ def test_tail_split_document_counts_at_the_cut_and_for_the_last_document(tmp_pat
 
 def test_preparing_into_an_empty_folder_and_after_a_killed_first_try(tmp_path):
     """An empty folder is taken; so is one that holds only what a prepare killed there left (its
-    stale lock file and staging folder), which the next prepare removes."""
+    stale lock file, staging folder and a marker's temporary file), which the next prepare removes."""
     _write(tmp_path / "t.txt", "abcdefghij" * 10)
     out = tmp_path / "out"
     out.mkdir()
@@ -758,5 +758,6 @@ def test_preparing_into_an_empty_folder_and_after_a_killed_first_try(tmp_path):
     (killed / ".staging-abc123" / "tokenizer").mkdir(parents=True)
     (killed / ".staging-abc123" / "train.bin").write_bytes(b"half")
     (killed / ".lock").write_text("999999\n")
+    (killed / "..scratchlm-output.x1y2.tmp").write_text("scratchlm pre")  # its marker's write, cut short
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), killed, progress=False)
     assert sorted(p.name for p in killed.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]
