@@ -236,11 +236,12 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
                 raise RuntimeError(f"kill {len(cycles) + 1}: the run ended by itself with exit status {code}:\n{proc.err}")
             cycles.append(_judge(run, ref, done, code, len(cycles) + 1, log))
 
-        argv, _, deleted = _fresh_or_resume(run, fresh)
+        argv, done, deleted = _fresh_or_resume(run, fresh)
         restarts_from_scratch += deleted
-        final = _Run(argv, env)
-        if final.wait() != 0:
-            raise RuntimeError(f"the last run failed:\n{final.err}")
+        if done < steps:  # a last kill that landed after the final save left nothing to train (a resume refuses that)
+            final = _Run(argv, env)
+            if final.wait() != 0:
+                raise RuntimeError(f"the last run failed:\n{final.err}")
         last = latest_checkpoint(run)
         final_same = last is not None and last.name == latest_checkpoint(ref).name and bit_identical(last, ref / last.name)
         result = {
