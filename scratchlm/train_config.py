@@ -227,7 +227,7 @@ _ADDED_LATER = frozenset({"errors"})
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on
-# Tiny Shakespeare this reaches validation loss 1.88 in about half the steps (see README). lm_head
+# Tiny Shakespeare this reaches validation loss 1.88 in about half the steps (docs/performance.md). lm_head
 # keeps the seed's bias: the Muon preset reaches the loss about 90 steps sooner with it, and
 # `export-hf` folds it into ln_f's bias (exact while the vocabulary is no wider than n_embd).
 _BABY = dict(n_layer=4, n_head=4, n_embd=128, block_size=64, dropout=0.0, activation="gelu", init="gpt2",

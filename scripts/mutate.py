@@ -141,6 +141,13 @@ HAND_MUTATIONS = [
     ("a saved training config missing a field resumes with defaults (complete=True flipped)", "run.py",
      "TrainConfig.from_dict(saved, complete=True)", "TrainConfig.from_dict(saved, complete=False)",
      ["tests/test_schedule_and_saving.py::test_a_run_whose_saved_training_config_misses_a_field_is_not_resumed"]),
+    ("the playground lists a symlink to a run inside --runs", "serve/library.py",
+     "if child.is_symlink() or not child.is_dir() or child.resolve().parent != self.runs:",
+     "if not child.is_dir() or child.resolve().parent != self.runs:",
+     ["tests/test_serve_hardening.py::test_a_symlink_to_a_run_inside_the_folder_is_not_listed"]),
+    ("a run name holding '..' reaches a run", "serve/library.py",
+     r'(name in (".", "..") or any(c in name for c in "/\\\0"))', r'(any(c in name for c in "/\\\0"))',
+     ["tests/test_serve_hardening.py::test_a_run_name_that_is_a_path_never_reaches_a_run"]),
 ]
 
 
