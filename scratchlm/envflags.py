@@ -40,6 +40,12 @@ def env_switch(name: str) -> bool | None:
 
 
 def check_switches() -> None:
-    """Refuse, before any work, a switch in SWITCHES set to something it does not take."""
+    """Refuse, before any work, a switch in SWITCHES set to something it does not take, and a
+    stated CPU clock (SCRATCHLM_CPU_MAX_GHZ, read by scratchlm.cpu.max_clock_ghz) that is not a
+    sane number of GHz."""
     for name in SWITCHES:
         env_switch(name)
+    if os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip():
+        from scratchlm.cpu import max_clock_ghz
+
+        max_clock_ghz()

@@ -106,6 +106,10 @@ class Run:
         if self.resume_ckpt is not None:
             self._load_training_state()
             run_folder.check_steps_left(self.run_dir, self.step, cfg.max_steps)  # last: a broken checkpoint says so first
+        # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from);
+        # taken before the folder is made, since a bad SCRATCHLM_CPU_MAX_GHZ is an error
+        self.peak_source = device_peak(device, cfg.dtype) if d.is_main else None
+        self.peak = self.peak_source[0] if self.peak_source else None
         if d.is_main and self.resume_ckpt is None:
             self.run_dir.mkdir(parents=True, exist_ok=True)  # only now: a run that fails to start leaves no folder behind
             run_folder.save_run_tokenizer(self.tokenizer, self.run_dir)
@@ -113,9 +117,6 @@ class Run:
             _cut_torn_log(self.run_dir / METRICS_FILE)
         self.reporter = _RunReporter(self, cfg, self.run_dir, d.is_main, self.step)
         self.tokens_per_step = cfg.batch_size * self.block_size * cfg.grad_accum * d.world_size
-        # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from)
-        self.peak_source = device_peak(device, cfg.dtype) if d.is_main else None
-        self.peak = self.peak_source[0] if self.peak_source else None
         self.flops_token = flops_per_token(self.model_config).training  # the count `scratchlm inspect` prints
         self.losses: dict[int, float] = {}
         self.val_loss = self.bpb = None

@@ -85,3 +85,14 @@ def test_the_training_log_says_what_mfu_divides_by(tmp_path):
     if per_cycle is None:
         pytest.skip("no bound is known for this CPU")
     assert f"MFU is of {2.5e9 * per_cycle[0] / 1e9:.2f} GFLOP/s: 1 cores x 2.5 GHz (SCRATCHLM_CPU_MAX_GHZ)" in out.stdout + out.stderr
+
+
+def test_a_bad_stated_clock_is_refused_before_the_run_folder_is_made(tmp_path):
+    (tmp_path / "t.txt").write_text("To be, or not to be, that is the question.\n" * 40)
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "SCRATCHLM_CPU_MAX_GHZ": "abc"}
+    out = subprocess.run([sys.executable, "-m", "scratchlm", "train", "--preset", "smoke", "--data", str(tmp_path / "t.txt"),
+                          "--out_dir", str(tmp_path / "run"), "--max_steps", "2", "--block_size", "16", "--tokenizer", "char"],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 2
+    assert out.stderr.splitlines() == ["error: SCRATCHLM_CPU_MAX_GHZ='abc': give the CPU's highest clock in GHz, a number such as 3.5"]
+    assert not (tmp_path / "run").exists() and not (tmp_path / "cache").exists()

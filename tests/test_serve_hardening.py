@@ -492,3 +492,39 @@ def test_connections_idle_after_their_answer_make_room_too(runs):
         assert closed and all(sock.recv(1) == b"" for sock in closed)
         for conn in held:
             conn.close()
+
+
+def test_a_listener_at_its_ceiling_is_not_asked_again_at_once():
+    """At its ceiling the listener must make asyncio stop watching it for a while (an EMFILE:
+    asyncio looks again a second later). A BlockingIOError left it watched while connections
+    waited in the kernel's queue, and the loop called accept() again at once, over and over,
+    spinning a core: about 100,000 calls a second. Counted, not timed: 3 clients, a ceiling of
+    1, a quarter of a second, at most two wake-ups of 4 tries each."""
+    import asyncio
+
+    from scratchlm.serve.guard import Listener, quiet_accept_errors
+
+    calls = []
+
+    class Counting(Listener):
+        def accept(self):
+            calls.append(1)
+            return super().accept()
+
+    async def main():
+        quiet_accept_errors(asyncio.get_running_loop())
+        sock = Counting(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(16)
+        sock.setblocking(False)
+        sock.ceiling = 1
+        # asyncio tries accept() up to `backlog` times per wake-up, EMFILE or not; then waits 1 s
+        server = await asyncio.start_server(lambda r, w: None, sock=sock, backlog=4)
+        clients = [socket.create_connection(sock.getsockname()) for _ in range(3)]
+        await asyncio.sleep(0.25)
+        server.close()
+        for c in clients:
+            c.close()
+
+    asyncio.run(main())
+    assert 2 <= len(calls) <= 2 * 4, f"{len(calls)} accept() calls"

@@ -75,7 +75,8 @@ def server_config(app, limits: Limits, listener: socket.socket):
     cap = connection_cap(limits.connections)
     if isinstance(listener, Listener):
         listener.ceiling = 2 * cap
-    return uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+    # loop="asyncio": uvloop (if installed) accepts in C and would never ask the Listener
+    return uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                           http=guarded_protocol(limits.request_seconds, cap), ws="none",  # no page uses one
                           timeout_keep_alive=limits.idle_seconds, limit_concurrency=cap + limits.streams,
                           h11_max_incomplete_event_size=limits.head_bytes)

@@ -129,6 +129,13 @@ def connection_cap(wanted: int) -> int:
     return wanted if soft == resource.RLIM_INFINITY else max(4, min(wanted, soft // 4))
 
 
+class AtCeiling(OSError):
+    """Listener.accept's refusal at its ceiling. An EMFILE, because that is what makes asyncio
+    stop watching the socket and look again a second later; a BlockingIOError would leave it
+    watched, and with connections waiting in the queue the loop would call accept() again at
+    once, for ever, spinning a core. quiet_accept_errors says nothing of it."""
+
+
 class Listener(socket.socket):
     """A listening socket that accepts nothing while `ceiling` of the connections it accepted
     are open: the others wait in the kernel's queue. asyncio accepts up to its backlog (2,048)
@@ -144,7 +151,7 @@ class Listener(socket.socket):
 
     def accept(self):
         if self.ceiling is not None and sum(1 for s in self.accepted if s.fileno() >= 0) >= self.ceiling:
-            raise BlockingIOError(errno.EAGAIN, "the listener's ceiling of open connections")  # asyncio tries again
+            raise AtCeiling(errno.EMFILE, "the listener's ceiling of open connections")  # asyncio looks again in 1 s
         conn, address = super().accept()
         self.accepted.add(conn)
         return conn, address
@@ -218,6 +225,8 @@ def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     def handler(loop, context: dict[str, Any]) -> None:
         if context.get("message") != "socket.accept() out of system resource":
             return loop.default_exception_handler(context)
+        if isinstance(context.get("exception"), AtCeiling):
+            return None  # the server's own limit, not the machine's: nothing to say
         if loop.time() - said[0] >= 60:
             said[0] = loop.time()
             print(f"warning: out of file descriptors ({context.get('exception')}); new connections wait",
