@@ -119,9 +119,12 @@ def _read_pid(fd: int) -> int | None:
 def holder(run_dir: Path | str) -> int | None:
     """The PID of the process training in `run_dir`, or None when nobody is."""
     path = Path(run_dir) / LOCK_FILE
-    if fcntl is None or not path.is_file():
+    if fcntl is None:
         return None
-    fd = os.open(path, os.O_RDONLY)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except (FileNotFoundError, NotADirectoryError):  # no lock, or its holder removed it as it ended
+        return None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

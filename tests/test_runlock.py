@@ -176,3 +176,25 @@ def test_a_read_only_run_folder_is_refused_before_training(tmp_path):
         assert "step" not in lines[0]
     finally:
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def test_a_lock_file_removed_while_it_is_read_means_nobody_holds_the_folder(tmp_path, monkeypatch):
+    """The holder removes RUN/.lock as it ends; a reader that saw the file a moment before and
+    opens it after gets None (nobody trains there), not a FileNotFoundError traceback (the
+    playground's Training tab, the run folder checks). The removal is made to land exactly
+    between the two by removing the file inside the reader's open."""
+    import scratchlm.runlock as runlock
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text("123\n")
+    real_open = os.open
+
+    def open_after_the_holder_ended(path, *args):
+        if Path(path).name == LOCK_FILE:
+            Path(path).unlink(missing_ok=True)
+        return real_open(path, *args)
+
+    monkeypatch.setattr(runlock.os, "open", open_after_the_holder_ended)
+    assert holder(run) is None
+    assert holder(tmp_path / "no-such-run") is None
