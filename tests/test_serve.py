@@ -56,16 +56,17 @@ def runs(tmp_path_factory) -> Path:
 
 
 class Served:
-    """A uvicorn server in a thread of this process, on a free loopback port."""
+    """A uvicorn server in a thread of this process, on a free port of `host` (loopback unless told)."""
 
-    def __init__(self, library, limits=None):
+    def __init__(self, library, limits=None, host: str = "127.0.0.1"):
         import uvicorn
 
         from scratchlm.serve.app import Limits, create_app, server_config
         from scratchlm.serve.cli import _bind
+        from scratchlm.serve.guard import local_names
 
-        self.app = create_app(library, limits or Limits())
-        self.sock = _bind("127.0.0.1", 0)
+        self.app = create_app(library, limits or Limits(), names=tuple(local_names(host)))  # as the command does
+        self.sock = _bind(host, 0)
         self.port = self.sock.getsockname()[1]
         self.server = uvicorn.Server(server_config(self.app, limits or Limits(), self.sock))  # the command's settings
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

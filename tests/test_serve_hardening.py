@@ -193,6 +193,42 @@ def test_host_names_and_the_names_of_another_bind_address():
         assert guard.refusal(scope(host))[0] == 403, host
 
 
+def test_an_ipv4_client_of_a_dual_stack_server_may_use_the_address_it_connected_to():
+    """Bound to ::, a socket reports an IPv4 client's connection as ::ffff:a.b.c.d; the Host the
+    client sends is a.b.c.d, the address it typed, and must be answered (written the IPv6 way too)."""
+    from scratchlm.serve.guard import Guard, host_name, local_names
+
+    assert host_name("[::ffff:10.1.2.3]:8000") == "10.1.2.3" and host_name("[::ffff:a01:203]") == "10.1.2.3"
+    guard = Guard(None, local_names("::"))
+    scope = lambda host, server: {"type": "http", "path": "/api/runs", "method": "GET",  # noqa: E731
+                                  "headers": [(b"host", host.encode())], "server": (server, 8000)}
+    for host in ["10.1.2.3:8000", "10.1.2.3", "[::ffff:10.1.2.3]:8000"]:
+        assert guard.refusal(scope(host, "::ffff:10.1.2.3")) is None, host
+    for host in ["10.1.2.4:8000", "attacker.test:8000", "[::ffff:10.1.2.4]:8000"]:
+        assert guard.refusal(scope(host, "::ffff:10.1.2.3"))[0] == 403, host
+    assert guard.refusal(scope("[fe80::1]:8000", "fe80::1")) is None  # a plain IPv6 address as before
+
+
+def test_a_server_bound_to_every_address_answers_an_ipv4_client_by_its_address(runs):
+    """The same through a real socket bound to :: (dual stack), an IPv4 client at 127.0.0.2: an
+    address of this machine that is not one of the loopback names the guard answers anyway."""
+    from scratchlm.serve.library import RunLibrary
+
+    if not socket.has_ipv6:
+        pytest.skip("no IPv6 here")
+    with Served(RunLibrary(runs=runs), host="::") as s:
+        try:
+            conn = http.client.HTTPConnection("127.0.0.2", s.port, timeout=60)
+            conn.connect()
+        except OSError as exc:
+            pytest.skip(f"127.0.0.2 is not reachable here ({exc})")
+        conn.request("GET", "/api/runs")  # Host: 127.0.0.2:PORT
+        resp = conn.getresponse()
+        answer = json.loads(resp.read())
+        conn.close()
+    assert resp.status == 200 and [r["name"] for r in answer["runs"]] == ["mixed"], answer
+
+
 # ------------------------------------------------------------------------------ bounded input
 
 

@@ -58,7 +58,17 @@ def host_name(value: str) -> str | None:
         if colon and not (port.isascii() and port.isdigit()):
             return None
     name = name.rstrip(".")
-    return name or None
+    return plain_address(name) or None
+
+
+def plain_address(name: str) -> str:
+    """An IPv4 address written as IPv6 (::ffff:a.b.c.d, as a socket bound to :: reports an IPv4
+    client's connection) as a.b.c.d; any other name or address as it is."""
+    try:
+        mapped = ipaddress.IPv6Address(name).ipv4_mapped
+    except ValueError:
+        return name
+    return name if mapped is None else str(mapped)
 
 
 def local_names(bind_host: str) -> frozenset[str]:
@@ -80,7 +90,7 @@ class Guard:
 
     def __init__(self, app, names: Iterable[str] = ()):
         self.app = app
-        self.names = LOOPBACK_NAMES | {n.lower() for n in names}
+        self.names = LOOPBACK_NAMES | {plain_address(n.lower()) for n in names}
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -101,7 +111,8 @@ class Guard:
             headers.setdefault(key, value)  # the first of a repeated header; h11 refuses two Hosts
         host = headers.get(b"host", b"").decode("latin-1")
         name = host_name(host)
-        served = self.names | {str((scope.get("server") or ("",))[0]).lower()}  # the address connected to
+        connected_to = str((scope.get("server") or ("",))[0]).lower()
+        served = self.names | {plain_address(connected_to)}  # ::ffff:a.b.c.d when bound to ::
         if name not in served:
             return 403, (f"this server answers to {', '.join(sorted(self.names))} only, not host "
                          f"{host[:60]!r} (a page served elsewhere cannot use it)")
@@ -130,10 +141,10 @@ def connection_cap(wanted: int) -> int:
 
 
 class AtCeiling(OSError):
-    """Listener.accept's refusal at its ceiling. An EMFILE, because that is what makes asyncio
-    stop watching the socket and look again a second later; a BlockingIOError would leave it
-    watched, and with connections waiting in the queue the loop would call accept() again at
-    once, for ever, spinning a core. quiet_accept_errors says nothing of it."""
+    """Listener.accept's refusal at its ceiling: an EMFILE, which makes asyncio stop watching the
+    socket and look again a second later. A BlockingIOError alone would leave it watched, and
+    with connections waiting in the queue the loop would call accept() again at once, for ever,
+    spinning a core. quiet_accept_errors says nothing of it."""
 
 
 class Listener(socket.socket):
@@ -141,17 +152,26 @@ class Listener(socket.socket):
     are open: the others wait in the kernel's queue. asyncio accepts up to its backlog (2,048)
     connections in one turn of the loop, before any protocol can close one, so a cap that acts
     once a connection is made (GuardedH11) cannot alone keep a flood from exhausting the file
-    descriptors; and once they are gone, asyncio logs a traceback per failed accept."""
+    descriptors; and once they are gone, asyncio logs a traceback per failed accept.
+
+    At the ceiling the first try raises AtCeiling: asyncio stops watching the socket and sets one
+    timer to watch it again in a second. It then goes on trying within the same turn (each EMFILE
+    would set another timer), so the next try raises BlockingIOError, which ends the turn."""
 
     ceiling: int | None = None  # set by app.server_config; None: no limit
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.accepted: weakref.WeakSet = weakref.WeakSet()
+        self.paused = False  # AtCeiling raised, and the turn that raised it not yet ended
 
     def accept(self):
         if self.ceiling is not None and sum(1 for s in self.accepted if s.fileno() >= 0) >= self.ceiling:
-            raise AtCeiling(errno.EMFILE, "the listener's ceiling of open connections")  # asyncio looks again in 1 s
+            self.paused = not self.paused
+            if self.paused:
+                raise AtCeiling(errno.EMFILE, "the listener's ceiling of open connections")  # asyncio looks again in 1 s
+            raise BlockingIOError(errno.EAGAIN, "the listener's ceiling of open connections")  # ends asyncio's turn
+        self.paused = False
         conn, address = super().accept()
         self.accepted.add(conn)
         return conn, address
