@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scratchlm.errors import UserError
 from scratchlm.fileio import atomic_write
-from scratchlm.runlock import LOCK_FILE, RunLock, holder
+from scratchlm.runlock import LOCK_FILE, FolderBusy, RunLock, holder
 
 MARKER = ".scratchlm-output"
 """The marker file: `scratchlm <command>` and a newline."""
@@ -99,11 +99,12 @@ def claim_folder(folder: Path | str, command: str, flag: str, *, own: Callable[[
     lock = RunLock(folder, doing=doing, flag=flag)
     try:
         lock.acquire()
-    except UserError:
-        pid = holder(folder)
-        if not wait or pid is None:
+    except FolderBusy:
+        if not wait:
             raise
-        print(f"note: {folder}: process {pid} is {doing}; waiting for it to end", file=sys.stderr, flush=True)
+        pid = holder(folder)  # None: the holder ended since; the wait below then takes the lock at once
+        if pid is not None:
+            print(f"note: {folder}: process {pid} is {doing}; waiting for it to end", file=sys.stderr, flush=True)
         lock.acquire(wait=True)
     try:
         _check(folder, command, flag, own, legacy, paths)

@@ -24,6 +24,10 @@ except ImportError:  # Windows: no flock; a run folder there is not protected
     fcntl = None
 
 
+class FolderBusy(UserError):
+    """Another process holds the folder's lock (the refusal of RunLock.acquire without `wait`)."""
+
+
 class RunLock:
     """The lock of one run folder (see the module's docstring). `acquire` makes the folder when it
     does not exist yet; `release` (on a clean end, or an error) removes the lock file, and the
@@ -66,7 +70,7 @@ class RunLock:
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
                     raise
                 who = f"process {holder}" if holder else "another process"
-                raise UserError(f"{self.run_dir}: {who} is {self.doing}; wait for it to end "
+                raise FolderBusy(f"{self.run_dir}: {who} is {self.doing}; wait for it to end "
                                 f"(or stop it) before writing here again") from None
             # the holder before us may have removed the file between our open and our lock:
             # then we hold a lock on a file nobody else can find, so take the new one instead

@@ -110,6 +110,34 @@ def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(t
                                        "waiting for it to end\n")
 
 
+def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_path, monkeypatch, capsys):
+    """The other prepare of train's cache folder ends between this one's failed try at the lock
+    and its look at who holds it (holder() finds nobody): waiting, this one takes the lock and
+    the finished output; it is not refused. The ending is made to land exactly there by ending
+    the holder inside that look."""
+    import scratchlm.outdir as outdir
+    from scratchlm.data import ensure_prepared
+    from scratchlm.data.preparation import cache_dir
+
+    cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
+    folder = cache_dir(cfg, tmp_path / "cache")
+    elsewhere = prepare(cfg, tmp_path / "elsewhere", progress=False)
+    other = RunLock(folder, doing="preparing data into this folder", flag="--out").acquire()
+    real_holder = outdir.holder
+
+    def the_other_ends_now(path):
+        for p in elsewhere.iterdir():  # it publishes, then lets go
+            os.rename(p, folder / p.name)
+        other.release()
+        return real_holder(path)
+
+    monkeypatch.setattr(outdir, "holder", the_other_ends_now)
+    inode = os.stat(elsewhere / "train.bin").st_ino  # a rename keeps it; a new build would not
+    assert ensure_prepared(cfg, tmp_path / "cache", progress=False) == folder
+    assert os.stat(folder / "train.bin").st_ino == inode and not (folder / ".lock").exists()
+    assert capsys.readouterr().err == ""  # nobody to wait for once it looked
+
+
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):
     import scratchlm.data.preparation as preparation
 
