@@ -69,15 +69,6 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def _is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _run_serve(args) -> int:
     # Everything that can be checked without torch is checked first, the address taken last
     # before the models: a typo costs a fraction of a second, and a port in use is found before
@@ -105,7 +96,7 @@ def _serve(args, sock: socket.socket) -> int:
 
     from scratchlm.devices import pick_device
     from scratchlm.serve.app import Limits, create_app, server_config
-    from scratchlm.serve.guard import local_names
+    from scratchlm.serve.guard import is_loopback, local_names
     from scratchlm.serve.library import RunLibrary
 
     # On a CPU, a model thread team as wide as the machine stalls whenever the browser takes a
@@ -120,7 +111,7 @@ def _serve(args, sock: socket.socket) -> int:
     limits = Limits(max_new_tokens=args.max_new_tokens)
     app = create_app(library, limits, names=tuple(local_names(args.host)))
     host, port = sock.getsockname()[:2]
-    if not _is_loopback(args.host):
+    if not is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",
               file=sys.stderr, flush=True)
     if ipaddress.ip_address(host).is_unspecified:  # every address: the local one is the one to open here

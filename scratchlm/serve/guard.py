@@ -71,14 +71,21 @@ def plain_address(name: str) -> str:
     return name if mapped is None else str(mapped)
 
 
+def is_loopback(host: str) -> bool:
+    """Is `host` (a name or address to listen on) reachable from this machine only?"""
+    if host.lower().rstrip(".") == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(plain_address(host)).is_loopback
+    except ValueError:
+        return False
+
+
 def local_names(bind_host: str) -> frozenset[str]:
     """The Host names a server bound to `bind_host` answers besides loopback's: none when bound to
     loopback; else the address or name given and this machine's names."""
-    try:
-        if bind_host == "localhost" or ipaddress.ip_address(bind_host).is_loopback:
-            return frozenset()
-    except ValueError:
-        pass
+    if is_loopback(bind_host):
+        return frozenset()
     names = {bind_host, socket.gethostname(), socket.getfqdn()}
     return frozenset(n for n in (host_name(name) for name in names) if n)
 
@@ -237,12 +244,25 @@ def guarded_protocol(request_seconds: float, connections: int) -> type[H11Protoc
     return GuardedH11
 
 
+def _watch_again_after_close(context: dict[str, Any]) -> bool:
+    """Whether the error is asyncio's timer to watch the listener again (set after an AtCeiling)
+    firing once the server has closed the listener, in its graceful shutdown: asyncio does not
+    cancel that timer, and the closed socket's fileno of -1 is a ValueError. The handle is read
+    through its private fields: asyncio gives no other way to tell whose timer it was."""
+    handle = context.get("handle")
+    callback, args = getattr(handle, "_callback", None), getattr(handle, "_args", None) or ()
+    return (isinstance(context.get("exception"), ValueError) and getattr(callback, "__name__", "") == "_start_serving"
+            and any(isinstance(a, Listener) and a.fileno() < 0 for a in args))
+
+
 def quiet_accept_errors(loop: asyncio.AbstractEventLoop) -> None:
     """asyncio logs a traceback for each failed accept() when the process is out of file
     descriptors, up to the backlog's length per loop turn; say it in one line, once a minute."""
     said = [-60.0]
 
     def handler(loop, context: dict[str, Any]) -> None:
+        if _watch_again_after_close(context):
+            return None
         if context.get("message") != "socket.accept() out of system resource":
             return loop.default_exception_handler(context)
         if isinstance(context.get("exception"), AtCeiling):
