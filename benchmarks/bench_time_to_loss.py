@@ -227,7 +227,9 @@ def main(argv: list[str] | None = None) -> None:
                              "re-runs itself in a fresh process so oneDNN reads the setting at start")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures to this file")
     args = parser.parse_args(argv)
-    if args.no_native_bf16 and os.environ.get("SCRATCHLM_CPU_BF16") != "0":
+    from scratchlm.envflags import env_switch
+
+    if args.no_native_bf16 and env_switch("SCRATCHLM_CPU_BF16") is not False:
         import subprocess
 
         rest = [a for a in (sys.argv[1:] if argv is None else argv) if a != "--no-native-bf16"]

@@ -134,11 +134,25 @@ CLOCK_CEILING_GHZ = 6.2
 system does not say the highest clock (virtual machines often do not)."""
 
 
+_SYS_CPU = "/sys/devices/system/cpu"
+_TURBO_IN_MAX = ("intel_pstate", "intel_cpufreq", "amd-pstate", "amd_pstate")
+"""cpufreq drivers whose cpuinfo_max_freq is the highest boost clock; acpi-cpufreq's (older AMD
+machines, some VMs) is the highest clock without boost."""
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return ""
+
+
 def max_clock_ghz() -> tuple[float, str]:
     """(the highest clock a core of this CPU may run at, in GHz; where that figure comes from).
 
     `SCRATCHLM_CPU_MAX_GHZ` states it (for a virtual machine whose host CPU you know); else the
-    largest `cpuinfo_max_freq` Linux reports (turbo included); else CLOCK_CEILING_GHZ."""
+    largest `cpuinfo_max_freq` Linux reports, where that includes boost (a pstate driver, or boost
+    off); else CLOCK_CEILING_GHZ."""
     stated = os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip()
     if stated:
         from scratchlm.errors import UserError
@@ -150,15 +164,20 @@ def max_clock_ghz() -> tuple[float, str]:
         if not 0.1 <= ghz <= 20:  # also refuses nan and inf
             raise UserError(f"SCRATCHLM_CPU_MAX_GHZ={stated!r}: give the CPU's highest clock in GHz, a number such as 3.5")
         return ghz, "SCRATCHLM_CPU_MAX_GHZ"
+    root = Path(_SYS_CPU)
     found = []
-    for path in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
+    for path in root.glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):
         try:
-            found.append(int(path.read_text().strip()) / 1e6)  # kHz
-        except (OSError, ValueError):
+            found.append(int(_read(path)) / 1e6)  # kHz
+        except ValueError:
             continue
-    if found and max(found) > 0:
-        return max(found), "cpufreq"
-    return CLOCK_CEILING_GHZ, "the ceiling: this system does not report its highest clock"
+    if not found or max(found) <= 0:
+        return CLOCK_CEILING_GHZ, "the ceiling: this system does not report its highest clock"
+    driver = _read(root / "cpu0" / "cpufreq" / "scaling_driver")
+    boost = _read(root / "cpufreq" / "boost")
+    if boost not in ("", "0") and not driver.startswith(_TURBO_IN_MAX):
+        return CLOCK_CEILING_GHZ, f"the ceiling: {driver or 'this cpufreq driver'}'s highest clock leaves boost out"
+    return max(found), "cpufreq"
 
 
 def flops_per_cycle(dtype: str, flags: frozenset[str] | None = None, x86: bool | None = None) -> tuple[int, str] | None:

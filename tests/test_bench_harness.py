@@ -142,7 +142,7 @@ def test_rows_for_time_to_loss_and_train():
     assert harness.rows_for("train", train) == [
         ("train step B 8 T 256 V 50304", "ours fp32", "12,345", "12,000", "tok/s"),
         ("train peak memory", "hf", "", "812", "MB"),
-        ("train MFU", "ours bf16 (of 430 GFLOP/s measured peak)", "45.7", "44.0", "%"),
+        ("train share of measured matmul peak", "ours bf16 (of 430 GFLOP/s measured)", "45.7", "44.0", "%"),
     ]
 
 

@@ -44,14 +44,33 @@ def test_the_bound_multiplies_cores_clock_and_flops_per_cycle(monkeypatch):
     assert cpu.peak_flops_bound("float32", threads=16)[0] == pytest.approx(4 * 3.5e9 * 64)
 
 
-def test_an_unreported_clock_takes_the_ceiling(monkeypatch, tmp_path):
+def _sys_cpu(root, khz: list[int], driver: str | None = None, boost: str | None = None) -> None:
+    for n, k in enumerate(khz):  # cpufreq's figures, in kHz
+        (root / f"cpu{n}" / "cpufreq").mkdir(parents=True)
+        (root / f"cpu{n}" / "cpufreq" / "cpuinfo_max_freq").write_text(f"{k}\n")
+        if driver:
+            (root / f"cpu{n}" / "cpufreq" / "scaling_driver").write_text(driver + "\n")
+    if boost is not None:
+        (root / "cpufreq").mkdir()
+        (root / "cpufreq" / "boost").write_text(boost + "\n")
+
+
+@pytest.mark.parametrize("khz, driver, boost, expected", [
+    ([], None, None, cpu.CLOCK_CEILING_GHZ),                            # no cpufreq (a VM)
+    ([2_000_000, 4_100_000], "intel_pstate", None, 4.1),                  # the largest counts, turbo included
+    ([3_000_000], "amd-pstate-epp", "1", 3.0),                            # amd-pstate's maximum is the boost clock
+    ([3_000_000], "acpi-cpufreq", "1", cpu.CLOCK_CEILING_GHZ),            # acpi-cpufreq's leaves boost out
+    ([3_000_000], "acpi-cpufreq", "0", 3.0),                              # ... unless boost is off
+    ([1_800_000], "cpufreq-dt", None, 1.8),
+])
+def test_the_highest_clock_comes_from_cpufreq_only_where_it_includes_boost(monkeypatch, tmp_path, khz, driver, boost,
+                                                                           expected):
     monkeypatch.delenv("SCRATCHLM_CPU_MAX_GHZ", raising=False)
-    monkeypatch.setattr(cpu, "Path", lambda p: tmp_path)  # a /sys with no cpufreq in it
-    assert cpu.max_clock_ghz() == (cpu.CLOCK_CEILING_GHZ, "the ceiling: this system does not report its highest clock")
-    for n, khz in ((0, 2_000_000), (1, 4_100_000)):  # cpufreq's figures, in kHz: the largest counts
-        (tmp_path / f"cpu{n}" / "cpufreq").mkdir(parents=True)
-        (tmp_path / f"cpu{n}" / "cpufreq" / "cpuinfo_max_freq").write_text(f"{khz}\n")
-    assert cpu.max_clock_ghz() == (4.1, "cpufreq")
+    monkeypatch.setattr(cpu, "_SYS_CPU", str(tmp_path))
+    _sys_cpu(tmp_path, khz, driver, boost)
+    ghz, source = cpu.max_clock_ghz()
+    assert ghz == expected
+    assert source.startswith("the ceiling") == (expected == cpu.CLOCK_CEILING_GHZ)
 
 
 @pytest.mark.parametrize("value", ["fast", "0", "-3", "nan", "inf", "1e9"])
