@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scratchlm.errors import UserError
 from scratchlm.fileio import atomic_write
-from scratchlm.runlock import LOCK_FILE, FolderBusy, RunLock, holder
+from scratchlm.runlock import LOCK_FILE, FolderBusy, RunLock, holder_of
 
 MARKER = ".scratchlm-output"
 """The marker file: `scratchlm <command>` and a newline."""
@@ -102,9 +102,9 @@ def claim_folder(folder: Path | str, command: str, flag: str, *, own: Callable[[
     except FolderBusy:
         if not wait:
             raise
-        pid = holder(folder)  # None: the holder ended since; the wait below then takes the lock at once
-        if pid is not None:
-            print(f"note: {folder}: process {pid} is {doing}; waiting for it to end", file=sys.stderr, flush=True)
+        held = holder_of(folder)  # None: the holder ended since; the wait below then takes the lock at once
+        if held is not None:
+            print(f"note: {folder}: {held}; waiting for it to end", file=sys.stderr, flush=True)
         lock.acquire(wait=True)
     try:
         _check(folder, command, flag, own, legacy, paths)

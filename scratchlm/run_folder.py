@@ -15,7 +15,7 @@ import torch
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.distributed import Dist, any_rank
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.runlock import LOCK_FILE, RunLock, holder
+from scratchlm.runlock import LOCK_FILE, RunLock, holder, holder_of
 from scratchlm.train_config import TrainConfig
 
 
@@ -66,9 +66,10 @@ def _check_fresh_run_dir(run_dir: Path) -> None:
     check_folder_path(run_dir, "--out_dir")
     if not run_dir.exists():
         return
-    pid = holder(run_dir)
-    if pid is not None and pid != os.getpid():
-        raise UserError(f"{run_dir}: process {pid} is training in this run folder; choose another --out_dir")
+    held = holder_of(run_dir)  # what the holder says it does: training, or a `prepare` into this folder
+    pid = held.pid if held else None
+    if held is not None and held.pid != os.getpid():
+        raise UserError(f"{run_dir}: {held}; choose another --out_dir")
     if killed_while_starting(run_dir):
         if pid is None:  # said once, before this process takes the lock (the check runs again after)
             print(f"note: {run_dir}: a run killed while it started left its tokenizer there (no step was saved); "

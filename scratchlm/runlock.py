@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 from pathlib import Path
+from typing import NamedTuple
 
 from scratchlm.errors import UserError
 
@@ -35,8 +36,9 @@ class RunLock:
     leaves nothing behind."""
 
     def __init__(self, run_dir: Path | str, *, doing: str = "training in this run folder", flag: str = "--out_dir"):
-        """`doing` and `flag` word the refusals: what the holder is doing there, and the flag
-        that chose the folder (other commands that write a folder lock it too: `prepare`)."""
+        """`doing`: what this process does in the folder, written into the lock file for the
+        refusals of others (other commands that write a folder lock it too: `prepare`); `flag`:
+        the flag that chose the folder, for this process's own errors."""
         self.run_dir = Path(run_dir)
         self.doing, self.flag = doing, flag
         self.path = self.run_dir / LOCK_FILE
@@ -65,13 +67,12 @@ class RunLock:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
-                holder = _read_pid(fd)
+                held = _read_holder(fd)
                 os.close(fd)
                 if exc.errno not in (errno.EWOULDBLOCK, errno.EACCES, errno.EAGAIN):
                     raise
-                who = f"process {holder}" if holder else "another process"
-                raise FolderBusy(f"{self.run_dir}: {who} is {self.doing}; wait for it to end "
-                                f"(or stop it) before writing here again") from None
+                raise FolderBusy(f"{self.run_dir}: {held or 'another process holds this folder'}; wait for it to "
+                                 f"end (or stop it) before writing here again") from None
             # the holder before us may have removed the file between our open and our lock:
             # then we hold a lock on a file nobody else can find, so take the new one instead
             try:
@@ -82,7 +83,7 @@ class RunLock:
                 break
             os.close(fd)
         os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{os.getpid()}\n{self.doing}\n".encode())  # for the refusals of others (Holder)
         self._fd = fd
         return self
 
@@ -112,16 +113,31 @@ class RunLock:
         self.release()
 
 
-def _read_pid(fd: int) -> int | None:
+class Holder(NamedTuple):
+    """The process that holds a folder's lock, as its lock file says: its PID, and what it is
+    doing there (None in a lock file written before that was recorded)."""
+
+    pid: int
+    doing: str | None
+
+    def __str__(self) -> str:
+        return f"process {self.pid} " + (f"is {self.doing}" if self.doing else "holds this folder")
+
+
+def _read_holder(fd: int) -> Holder | None:
     try:
-        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
-        return int(text) if text.isdigit() else None
+        lines = os.pread(fd, 1024, 0).decode("utf-8", "replace").split("\n")
     except OSError:
         return None
+    if not lines[0].strip().isdigit():
+        return None
+    doing = lines[1].strip() if len(lines) > 2 else ""  # only a whole line (ended by its newline) counts
+    return Holder(int(lines[0]), doing or None)
 
 
-def holder(run_dir: Path | str) -> int | None:
-    """The PID of the process training in `run_dir`, or None when nobody is."""
+def holder_of(run_dir: Path | str) -> Holder | None:
+    """The process that holds `run_dir`'s lock (training there, or preparing data into it), or
+    None when nobody does."""
     path = Path(run_dir) / LOCK_FILE
     if fcntl is None:
         return None
@@ -133,8 +149,14 @@ def holder(run_dir: Path | str) -> int | None:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
-            return _read_pid(fd)
+            return _read_holder(fd)
         fcntl.flock(fd, fcntl.LOCK_UN)
         return None
     finally:
         os.close(fd)
+
+
+def holder(run_dir: Path | str) -> int | None:
+    """The PID of the process that holds `run_dir`'s lock, or None when nobody does."""
+    held = holder_of(run_dir)
+    return held.pid if held else None

@@ -112,7 +112,7 @@ def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(t
 
 def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_path, monkeypatch, capsys):
     """The other prepare of train's cache folder ends between this one's failed try at the lock
-    and its look at who holds it (holder() finds nobody): waiting, this one takes the lock and
+    and its look at who holds it (it finds nobody): waiting, this one takes the lock and
     the finished output; it is not refused. The ending is made to land exactly there by ending
     the holder inside that look."""
     import scratchlm.outdir as outdir
@@ -123,7 +123,7 @@ def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_pa
     folder = cache_dir(cfg, tmp_path / "cache")
     elsewhere = prepare(cfg, tmp_path / "elsewhere", progress=False)
     other = RunLock(folder, doing="preparing data into this folder", flag="--out").acquire()
-    real_holder = outdir.holder
+    real_holder = outdir.holder_of
 
     def the_other_ends_now(path):
         for p in elsewhere.iterdir():  # it publishes, then lets go
@@ -131,11 +131,33 @@ def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_pa
         other.release()
         return real_holder(path)
 
-    monkeypatch.setattr(outdir, "holder", the_other_ends_now)
+    monkeypatch.setattr(outdir, "holder_of", the_other_ends_now)
     inode = os.stat(elsewhere / "train.bin").st_ino  # a rename keeps it; a new build would not
     assert ensure_prepared(cfg, tmp_path / "cache", progress=False) == folder
     assert os.stat(folder / "train.bin").st_ino == inode and not (folder / ".lock").exists()
     assert capsys.readouterr().err == ""  # nobody to wait for once it looked
+
+
+def test_trains_data_cache_names_its_own_flag_and_rebuilds_its_own_leftovers(tmp_path):
+    """The data cache is scratchlm's: a cache folder holding only names prepare writes, but no
+    marker and no complete output (an older version's or a kill's leftover), is built again, not
+    refused for good; a cache folder holding another name is refused naming --data_cache (train's
+    flag), not prepare's --out."""
+    from scratchlm.data import ensure_prepared
+    from scratchlm.data.preparation import cache_dir, is_prepared
+
+    cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
+    folder = cache_dir(cfg, tmp_path / "cache")
+    folder.mkdir(parents=True)
+    (folder / "train.bin").write_bytes(b"\0" * 10)  # torn, unmarked
+    assert ensure_prepared(cfg, tmp_path / "cache", progress=False) == folder and is_prepared(folder)
+    (folder / "notes.txt").write_text("mine")
+    (folder / "meta.json").unlink()  # incomplete again, and now with a name prepare never writes
+    before = tree_hashes(tmp_path)
+    with pytest.raises(UserError) as refused:
+        ensure_prepared(cfg, tmp_path / "cache", progress=False)
+    assert "notes.txt" in str(refused.value) and str(refused.value).endswith("choose another --data_cache")
+    assert "--out" not in str(refused.value) and tree_hashes(tmp_path) == before
 
 
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):

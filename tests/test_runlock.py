@@ -47,7 +47,8 @@ def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     longer blocks."""
     run = tmp_path / "a" / "run"
     first = RunLock(run).acquire()
-    assert (run / LOCK_FILE).read_text().strip() == str(os.getpid()) and holder(run) == os.getpid()
+    assert (run / LOCK_FILE).read_text() == f"{os.getpid()}\ntraining in this run folder\n"
+    assert holder(run) == os.getpid()
     with pytest.raises(UserError, match=f"process {os.getpid()} is training"):
         RunLock(run).acquire()
     first.release()
@@ -198,3 +199,47 @@ def test_a_lock_file_removed_while_it_is_read_means_nobody_holds_the_folder(tmp_
     monkeypatch.setattr(runlock.os, "open", open_after_the_holder_ended)
     assert holder(run) is None
     assert holder(tmp_path / "no-such-run") is None
+
+
+def test_a_refusal_says_what_the_holder_does_in_the_holders_own_words(tmp_path):
+    """The holder writes what it does into the lock file; a refused process repeats that, not
+    its own guess: a `prepare` holding a folder is not called "training" by train's checks."""
+    from scratchlm.run_folder import _check_fresh_run_dir
+
+    run = tmp_path / "run"
+    code = (f"import sys; from scratchlm.runlock import RunLock; RunLock({str(run)!r}, doing='preparing data into "
+            "this folder', flag='--out').acquire(); print('held', flush=True); sys.stdin.read()")
+    other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline() == "held\n"
+        said = f"process {other.pid} is preparing data into this folder"
+        with pytest.raises(UserError) as refused:
+            _check_fresh_run_dir(run)  # `train --out_dir RUN`
+        assert said in str(refused.value) and "training" not in str(refused.value)
+        with pytest.raises(UserError) as refused:
+            RunLock(run).acquire()  # a train's lock, whose own `doing` is training
+        assert said in str(refused.value) and "training" not in str(refused.value)
+    finally:
+        other.stdin.close()
+        other.wait(60)
+
+
+def test_a_holder_that_did_not_say_what_it_does_is_named_neutrally(tmp_path):
+    """A lock file that holds only a PID (as an older version wrote it) gives "process N holds
+    this folder", not a guess at what it does."""
+    import fcntl
+
+    from scratchlm.runlock import holder_of
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / LOCK_FILE).write_text("4242\n")
+    fd = os.open(run / LOCK_FILE, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # another open file: refused like another process
+        with pytest.raises(UserError, match=r": process 4242 holds this folder; wait for it") as refused:
+            RunLock(run, doing="preparing data into this folder").acquire()
+        assert "preparing" not in str(refused.value)
+        assert str(holder_of(run)) == "process 4242 holds this folder"
+    finally:
+        os.close(fd)

@@ -469,30 +469,35 @@ def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | Non
     a failure (bad input, a full disk, an interrupt) leaves out_dir exactly as it was. Publishing
     renames the new files in, with meta.json removed first and written last: a folder with a
     meta.json is complete. `progress`: show a progress bar (None: when stderr is a terminal)."""
-    return _prepare_into(cfg, Path(out_dir).expanduser(), progress, wait=False)
+    return _prepare_into(cfg, Path(out_dir).expanduser(), progress, cache=False)
 
 
-def _prepare_into(cfg: DataConfig, out_dir: Path, progress: bool | None, *, wait: bool) -> Path:
-    """prepare(); `wait`: wait for another prepare of out_dir to end (and then take its output
-    when it is complete) instead of refusing."""
+def _prepare_into(cfg: DataConfig, out_dir: Path, progress: bool | None, *, cache: bool) -> Path:
+    """prepare(); `cache`: out_dir is a folder of scratchlm's own data cache (ensure_prepared,
+    for `train`): wait for another prepare of it to end (and then take its output when it is
+    complete) instead of refusing; take a folder that holds only names prepare writes as a
+    leftover of its own (an older version's, or a kill's) and build it again; and name
+    --data_cache, train's flag for it, in the refusals."""
     from scratchlm.outdir import claim_folder, mark
 
+    flag = "--data_cache" if cache else "--out"
     if out_dir.exists() and not out_dir.is_dir():
-        raise UserError(f"{out_dir}: exists and is not a folder; choose another --out")
-    check_folder_path(out_dir, "--out")
+        raise UserError(f"{out_dir}: exists and is not a folder; choose another {flag}")
+    check_folder_path(out_dir, flag)
     inputs = [s.path for s in _resolve_sources(cfg)] if cfg.data != "shakespeare" else []
     if cfg.tokenizer_file is not None:
         inputs.append(Path(cfg.tokenizer_file))
-    lock = claim_folder(out_dir, PREPARE, "--out", own=_is_own_name, inputs=inputs, legacy=is_prepared,
-                        doing="preparing data into this folder", wait=wait)
+    legacy = (lambda folder: True) if cache else is_prepared
+    lock = claim_folder(out_dir, PREPARE, flag, own=_is_own_name, inputs=inputs, legacy=legacy,
+                        doing="preparing data into this folder", wait=cache)
     try:
-        if wait and is_prepared(out_dir):
+        if cache and is_prepared(out_dir):
             return out_dir  # the other writer made it while this one waited
         for stale in out_dir.glob(STAGING_PREFIX + "*"):  # a prepare killed here before: its leftovers
             shutil.rmtree(stale, ignore_errors=True)
         staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
         try:
-            _build_or_say_why(cfg, staging, out_dir, progress)
+            _build_or_say_why(cfg, staging, out_dir, progress, flag)
             mark(out_dir, PREPARE)  # before publishing: a kill part-way leaves a folder a rerun knows as its own
             _publish(staging, out_dir)
         finally:
@@ -502,7 +507,7 @@ def _prepare_into(cfg: DataConfig, out_dir: Path, progress: bool | None, *, wait
     return out_dir
 
 
-def _build_or_say_why(cfg: DataConfig, staging: Path, out_dir: Path, progress: bool | None) -> None:
+def _build_or_say_why(cfg: DataConfig, staging: Path, out_dir: Path, progress: bool | None, flag: str) -> None:
     """_build, with a write that fails for lack of space said in one line that names out_dir
     (not the staging file numpy was writing) and that nothing in it changed."""
     try:
@@ -512,7 +517,7 @@ def _build_or_say_why(cfg: DataConfig, staging: Path, out_dir: Path, progress: b
             raise
         raise UserError(f"{out_dir}: no room to write the prepared data ({exc.strerror}); nothing in {out_dir} "
                         "was changed and the partial files were removed. Free some space, or choose another "
-                        "--out (or --data_cache)") from None
+                        f"{flag}") from None
 
 
 def _publish(staging: Path, out_dir: Path) -> None:
@@ -576,7 +581,7 @@ def ensure_prepared(cfg: DataConfig, cache_root: str | os.PathLike | None = None
     Under DDP call it on one rank and let the others wait (a barrier), then call it everywhere."""
     directory = cache_dir(cfg, cache_root)
     if not is_prepared(directory):  # made here, or by another process that holds it now (then waited for)
-        _prepare_into(cfg, directory, progress, wait=True)
+        _prepare_into(cfg, directory, progress, cache=True)
     meta = read_meta(directory)
     _check_window(cfg, "train", meta["train_tokens"])
     if cfg.val_fraction > 0:
