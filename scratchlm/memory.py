@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, fields
+from pathlib import Path
 
 import torch
 
@@ -113,14 +114,38 @@ def footprint(config: GPTConfig, *, batch: int = 0, seq_len: int = 0, training: 
     return Footprint(parameters, activations, kv_cache, output)
 
 
+CGROUP = "/sys/fs/cgroup"
+"""This process's cgroup (v2) folder as a container sees it: memory.max, memory.current, memory.stat."""
+MEMINFO = "/proc/meminfo"
+
+
 def _cgroup_free() -> int | None:
-    """What this process's cgroup (v2) still allows, where it sets a limit (a container)."""
+    """What this process's cgroup (v2) still allows, where it sets a limit (a container): the limit
+    less what is in use. memory.current counts the page cache of every file read (a run's data, a
+    checkpoint), which the kernel drops before it refuses memory; its inactive part (memory.stat's
+    inactive_file) is left out of the use, as MemAvailable counts reclaimable cache as free for the
+    machine. The active part is kept in: a file in use now may not be dropped without a cost."""
     try:
-        limit = open("/sys/fs/cgroup/memory.max", encoding="ascii").read().strip()
-        used = int(open("/sys/fs/cgroup/memory.current", encoding="ascii").read().strip())
+        limit = Path(CGROUP, "memory.max").read_text(encoding="ascii").strip()
+        used = int(Path(CGROUP, "memory.current").read_text(encoding="ascii").strip())
     except (OSError, ValueError):
         return None
-    return None if limit == "max" or not limit.isdigit() else max(0, int(limit) - used)
+    if limit == "max" or not limit.isdigit():
+        return None
+    return max(0, int(limit) - max(0, used - _cgroup_stat("inactive_file")))
+
+
+def _cgroup_stat(key: str) -> int:
+    """One figure of the cgroup's memory.stat, in bytes; 0 when it cannot be read."""
+    try:
+        with open(Path(CGROUP, "memory.stat"), encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        pass
+    return 0
 
 
 def available_bytes(device: torch.device | str) -> int | None:
@@ -132,7 +157,7 @@ def available_bytes(device: torch.device | str) -> int | None:
         return None
     free = None
     try:
-        with open("/proc/meminfo", encoding="ascii") as f:
+        with open(MEMINFO, encoding="ascii") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
                     free = int(line.split()[1]) * 1024

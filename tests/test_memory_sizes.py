@@ -285,3 +285,44 @@ def test_a_huge_n_layer_is_refused_before_a_model_is_made(capsys, argv, words):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and all(w in err[0] for w in words), err
+
+
+GIB = 1024**3
+STAT = "anon 3221225472\nfile 4294967296\nactive_file 1073741824\ninactive_file {inactive}\nshmem 0\n"
+
+
+def _cgroup(folder: Path, limit: str, current: int, inactive: int | None) -> Path:
+    """A hand-written cgroup v2 folder (the three files memory.py reads)."""
+    folder.mkdir(exist_ok=True)
+    (folder / "memory.max").write_text(limit + "\n")
+    (folder / "memory.current").write_text(f"{current}\n")
+    if inactive is not None:
+        (folder / "memory.stat").write_text(STAT.format(inactive=inactive))
+    return folder
+
+
+@pytest.mark.parametrize("limit, current, inactive, free", [
+    ("8589934592", 7 * GIB, 3 * GIB, 4 * GIB),  # 8 GiB limit, 7 in use of which 3 are inactive cache: 4 free
+    ("8589934592", 7 * GIB, 0, 1 * GIB),  # no cache to drop
+    ("8589934592", 7 * GIB, None, 1 * GIB),  # no memory.stat: the use as it stands
+    ("8589934592", 9 * GIB, 0, 0),  # over the limit: nothing free, never negative
+    ("max", 7 * GIB, 3 * GIB, None),  # no limit: the machine's figure decides
+])
+def test_a_containers_free_memory_leaves_out_the_cache_the_kernel_drops(tmp_path, monkeypatch, limit, current,
+                                                                           inactive, free):
+    """memory.current counts the page cache of every file read; after a run has read its data, a
+    limit minus current alone refused runs that fit (the kernel drops inactive cache first)."""
+    monkeypatch.setattr(memory, "CGROUP", str(_cgroup(tmp_path / "cg", limit, current, inactive)))
+    assert memory._cgroup_free() == free
+
+
+def test_cpu_memory_is_the_smaller_of_the_machines_and_the_containers(tmp_path, monkeypatch):
+    (tmp_path / "meminfo").write_text("MemTotal: 67108864 kB\nMemFree: 1048576 kB\nMemAvailable: 20971520 kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", str(tmp_path / "meminfo"))  # 20 GiB available on the machine
+    monkeypatch.setattr(memory, "CGROUP", str(_cgroup(tmp_path / "cg", str(8 * GIB), 7 * GIB, 3 * GIB)))
+    assert memory.available_bytes("cpu") == 4 * GIB
+    monkeypatch.setattr(memory, "CGROUP", str(_cgroup(tmp_path / "cg", "max", 7 * GIB, 3 * GIB)))
+    assert memory.available_bytes("cpu") == 20 * GIB
+    need = memory.Footprint(parameters=3 * GIB)  # fits the container once its inactive cache is counted free
+    monkeypatch.setattr(memory, "CGROUP", str(_cgroup(tmp_path / "cg", str(8 * GIB), 7 * GIB, 3 * GIB)))
+    memory.check_fits(need, "cpu", "this", "n_layer")
