@@ -5,6 +5,7 @@ drawn as their Unicode pictures (NUL ␀, ESC ␛) and invisible or reordering o
 from __future__ import annotations
 
 import io
+import json
 import unicodedata
 
 import pytest
@@ -34,3 +35,23 @@ def test_tokenize_prints_nul_and_esc_as_pictures_not_raw(capsys, monkeypatch):
     assert not acting, sorted(map(hex, map(ord, acting)))
     for shown in ("\u2400", "\u241b", "\\x9b", "\\u202e"):
         assert shown in out
+
+
+def test_the_playground_draws_a_tokens_control_characters_as_tokenize_does():
+    """One drawing of control characters (tokenize_view.visible) for the terminal and the page: a
+    token event's labels and the attention tab's labels show NUL, ESC, DEL, a C1 control and a bidi
+    override exactly as hand-written here, never raw."""
+    from types import SimpleNamespace
+
+    from scratchlm.config import GPTConfig
+    from scratchlm.model import GPT
+    from scratchlm.serve.app import Limits, attention_data
+    from scratchlm.serve.labels import Labels
+    from scratchlm.tokenizer import CharTokenizer
+
+    tok = CharTokenizer("a\x1b\x00\u202e\x7f\x9b\n ")
+    text = "\x00\x1b\n \x7f\x9b\u202ea"
+    expected = ["\u2400", "\u241b", "\u21b5", "\u2423", "\u2421", "\\x9b", "\\u202e", "a"]
+    assert [json.loads(Labels(tok)[i]) for i in tok.encode(text)] == expected
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
+    assert attention_data(SimpleNamespace(model=model, tokenizer=tok), text, Limits())["labels"] == expected

@@ -44,7 +44,6 @@ from starlette.staticfiles import StaticFiles
 from scratchlm.errors import UserError
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
 from scratchlm.serve.library import RunLibrary, UnknownRun
-from scratchlm.serve.labels import shown
 from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
 
 STATIC = Path(__file__).parent / "static"
@@ -326,7 +325,7 @@ def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
                          f"(the model's context is {cfg.block_size})")
     weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
     return {
-        "ids": ids, "labels": [shown(label) for label in token_labels(loaded.tokenizer, ids)],
+        "ids": ids, "labels": token_labels(loaded.tokenizer, ids),  # drawn by tokenize_view.visible
         "n_layer": cfg.n_layer, "n_head": cfg.n_head,
         "weights": [w.tolist() for w in weights],
     }
