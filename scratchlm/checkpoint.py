@@ -256,8 +256,8 @@ def rename_into_new(tmp: Path, final: Path) -> None:
     except OSError as exc:
         if exc.errno not in (errno.ENOTEMPTY, errno.EEXIST):
             raise
-        raise UserError(f"{final}: another process wrote this folder while this one was writing it; nothing of its "
-                        "was replaced. Choose a new folder") from None
+        raise UserError(f"{final}: another process wrote this folder while this one was writing it; what it "
+                        "wrote was left whole, and nothing of this command's was kept. Choose a new folder") from None
     _fsync_path(final.parent)
 
 

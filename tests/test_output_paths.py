@@ -221,11 +221,13 @@ def test_a_folder_another_writer_filled_meanwhile_is_left_whole(tmp_path, monkey
     monkeypatch.setattr(safetensors.torch, "save_file", save_while_another_finishes)
     monkeypatch.setattr(ck, "save_file", save_while_another_finishes)
     model = GPT(GPTConfig(vocab_size=40, **TINY_MODEL))
-    with pytest.raises(UserError, match="another process wrote this folder while this one was writing it"):
+    with pytest.raises(UserError) as refused:
         if writer == "import-hf":
             ck.save_model_checkpoint(model, None, out)
         else:
             export_hf(model, out, None)
+    assert str(refused.value) == (f"{out}: another process wrote this folder while this one was writing it; what it "
+                                  "wrote was left whole, and nothing of this command's was kept. Choose a new folder")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary folder left
     assert [p.name for p in out.iterdir()] == ["theirs.txt"]
 
