@@ -42,7 +42,7 @@ from safetensors.torch import load_file, save_file
 from scratchlm.config import GPTConfig
 from scratchlm.memory import check_model_fits
 from scratchlm.errors import UserError, check_folder_path, read_failure
-from scratchlm.fileio import atomic_write, temp_stem
+from scratchlm.fileio import atomic_write, temp_stem, why_write_failed
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -94,21 +94,15 @@ def _torch_save_durably(obj: Any, path: Path) -> None:
         os.fsync(f.fileno())
 
 
-def _why_write_failed(exc: BaseException) -> str:
-    """A failed write in a few words: a full disk said so (safetensors reports it in its own words)."""
-    full = getattr(exc, "errno", None) == errno.ENOSPC or "StorageFull" in str(exc) or "code: 28" in str(exc)
-    return "the disk is full" if full else f"the write failed ({getattr(exc, 'strerror', None) or exc})"
-
-
 def _write_failed(target: Path, exc: BaseException) -> UserError:
     """The one-line error for a save that could not be written (the old checkpoints are untouched)."""
-    return UserError(f"{target}: cannot save the checkpoint: {_why_write_failed(exc)}; nothing was replaced and the "
+    return UserError(f"{target}: cannot save the checkpoint: {why_write_failed(exc)}; nothing was replaced and the "
                      f"previous checkpoints are intact. Free some space (or fix the folder) and resume")
 
 
 def output_write_failed(target: Path, what: str, exc: BaseException) -> UserError:
     """The one-line error for a new output folder that could not be written (nothing is left of it)."""
-    return UserError(f"{target}: cannot write {what}: {_why_write_failed(exc)}; nothing of it was left behind. "
+    return UserError(f"{target}: cannot write {what}: {why_write_failed(exc)}; nothing of it was left behind. "
                      "Free some space (or fix the folder) and run the command again")
 
 

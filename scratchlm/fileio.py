@@ -4,6 +4,7 @@ not at all). Nothing here imports the rest of the package, so every module may i
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import tempfile
 from collections.abc import Iterator
@@ -36,6 +37,27 @@ def temp_stem(name: str) -> str:
     a dot, a random part and `.tmp` added would not fit, and the error would name the temporary
     file, not the user's."""
     return name[:TEMP_STEM_CHARS]
+
+
+_NO_ROOM = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is used up",
+    errno.EFBIG: "the file grew past the largest one the file system or its limits allow",
+}
+
+
+def out_of_room(exc: BaseException) -> bool:
+    """Whether a failed write failed for lack of room: a full disk, a used-up quota, a file over
+    the largest size allowed (safetensors reports a full disk in its own words, not an OSError)."""
+    return getattr(exc, "errno", None) in _NO_ROOM or "StorageFull" in str(exc) or "code: 28" in str(exc)
+
+
+def why_write_failed(exc: BaseException) -> str:
+    """A failed write in a few words, for the one-line errors of every command that writes: lack
+    of room said plainly (which kind), anything else as the system words it."""
+    if out_of_room(exc):
+        return _NO_ROOM.get(getattr(exc, "errno", None), _NO_ROOM[errno.ENOSPC])
+    return f"the write failed ({getattr(exc, 'strerror', None) or exc})"
 
 
 @contextlib.contextmanager

@@ -5,7 +5,6 @@ counters the loop advances, evaluation, samples and checkpoints. scratchlm.train
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import random
@@ -24,7 +23,7 @@ from scratchlm.config import GPTConfig
 from scratchlm.cpu import auto_dtype
 from scratchlm.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects
 from scratchlm.errors import UserError
-from scratchlm.fileio import cut_torn_tail
+from scratchlm.fileio import cut_torn_tail, why_write_failed
 from scratchlm.evaluation import RankBatches, evaluate, evaluate_full, sample_text
 from scratchlm.flops import device_peak, flops_per_token, si_units
 from scratchlm.memory import check_model_fits
@@ -385,8 +384,7 @@ class _RunReporter(Reporter):
         try:
             super().record(event, **values)
         except OSError as exc:
-            why = "the disk is full" if exc.errno == errno.ENOSPC else (exc.strerror or str(exc))
-            raise UserError(f"{self.metrics_path}: cannot append to the run's log ({why}). "
+            raise UserError(f"{self.metrics_path}: cannot append to the run's log: {why_write_failed(exc)}. "
                             f"{self._run.kept_and_lost()}") from None
 
 

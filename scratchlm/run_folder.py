@@ -15,6 +15,7 @@ import torch
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.distributed import Dist, any_rank
 from scratchlm.errors import UserError, check_folder_path
+from scratchlm.fileio import why_write_failed
 from scratchlm.runlock import LOCK_FILE, RunLock, holder, holder_of
 from scratchlm.train_config import TrainConfig
 
@@ -123,7 +124,7 @@ def save_run_tokenizer(tokenizer, run_dir: Path) -> None:
     try:
         ckpt_io.save_tokenizer(tokenizer, run_dir)
     except OSError as exc:
-        raise UserError(f"{run_dir / ckpt_io.TOKENIZER_DIR}: cannot save the run's tokenizer ({exc.strerror or exc}); "
+        raise UserError(f"{run_dir / ckpt_io.TOKENIZER_DIR}: cannot save the run's tokenizer: {why_write_failed(exc)}; "
                         "no step was trained yet, so nothing is lost: free some space (or fix the folder) and run "
                         "the same command again") from None
 

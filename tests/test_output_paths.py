@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -175,9 +176,44 @@ def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, m
         with pytest.raises(UserError) as caught:
             prepare(cfg, target, progress=False)
         message = str(caught.value)
-        assert message.startswith(f"{target}: no room to write the prepared data (No space left on device)")
+        assert message.startswith(f"{target}: no room to write the prepared data: the disk is full; ")
         assert f"nothing in {target} was changed" in message
         assert tree_hashes(tmp_path) == before  # the earlier output whole; the new folder not left behind
+
+
+@pytest.mark.parametrize("code, said", [
+    (errno.ENOSPC, "the disk is full"),
+    (errno.EDQUOT, "the disk quota is used up"),
+    (errno.EFBIG, "the file grew past the largest one the file system or its limits allow"),
+    (errno.EACCES, "the write failed (Permission denied)"),
+])
+def test_every_writer_says_a_failed_write_in_the_same_words(tmp_path, monkeypatch, code, said):
+    """One wording of a failed write (scratchlm.fileio.why_write_failed) for prepare, a run's
+    tokenizer, the run's log and checkpoints: a used-up quota or a file over the size limit is
+    said as lack of room everywhere (the log said the system's words for them)."""
+    import scratchlm.data.preparation as preparation
+    from scratchlm.run_folder import save_run_tokenizer
+    from scratchlm.tokenizer import CharTokenizer
+
+    def failing(*args, **kwargs):
+        raise OSError(code, os.strerror(code))
+
+    assert fileio.why_write_failed(OSError(code, os.strerror(code))) == said
+    (tmp_path / "run").mkdir()
+    monkeypatch.setattr(ck, "save_tokenizer", failing)
+    with pytest.raises(UserError, match=f"cannot save the run's tokenizer: {re.escape(said)}; no step"):
+        save_run_tokenizer(CharTokenizer("ab"), tmp_path / "run")
+    with pytest.raises(UserError, match=f"cannot save the checkpoint: {re.escape(said)}; nothing was replaced"):
+        raise ck._write_failed(tmp_path / "ckpt", OSError(code, os.strerror(code)))
+    cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
+    monkeypatch.setattr(preparation, "_copy_tokens", failing)
+    if code == errno.EACCES:  # not lack of room: the system's own error goes on (the CLI words it)
+        with pytest.raises(PermissionError):
+            prepare(cfg, tmp_path / "out", progress=False)
+    else:
+        with pytest.raises(UserError, match=f"no room to write the prepared data: {re.escape(said)}; nothing in"):
+            prepare(cfg, tmp_path / "out", progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.txt"] and not any((tmp_path / "run").iterdir())
 
 
 def test_a_250_character_output_name_is_written(tmp_path):
@@ -344,7 +380,7 @@ def test_a_full_disk_while_the_log_is_appended_says_what_is_kept_and_lost(tiny_r
     code = main(["train", "--resume", str(tiny_run), "--max_steps", "8", "--progress", "quiet"])
     line = _one_error_line(capsys.readouterr().err)
     assert code == 2
-    assert line.startswith(f"error: {log}: cannot append to the run's log (the disk is full)")
+    assert line.startswith(f"error: {log}: cannot append to the run's log: the disk is full. ")
     assert f"kept: {tiny_run / 'ckpt-00000004'} (step 4); lost: steps 5-6" in line
     assert f"scratchlm train --resume {tiny_run}" in line
     assert _records(log)[-1]["step"] == 5  # the half record was cut back off; step 5's record is the last
@@ -405,7 +441,7 @@ def test_a_full_disk_while_a_run_saves_its_tokenizer_names_it_and_leaves_nothing
     monkeypatch.setattr(ck, "save_tokenizer", full_disk)
     assert main(argv) == 2
     line = _one_error_line(capsys.readouterr().err)
-    assert line == (f"error: {run / 'tokenizer'}: cannot save the run's tokenizer (No space left on device); no step "
+    assert line == (f"error: {run / 'tokenizer'}: cannot save the run's tokenizer: the disk is full; no step "
                     "was trained yet, so nothing is lost: free some space (or fix the folder) and run the same "
                     "command again")
     assert list((tmp_path / "runs").iterdir()) == []  # the run folder the start made is gone again

@@ -13,7 +13,6 @@ compare); `split="documents"` sends a seeded random set of whole documents to va
 from __future__ import annotations
 
 import dataclasses
-import errno
 import hashlib
 import json
 import os
@@ -27,7 +26,7 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from scratchlm.fileio import atomic_write, cache_home
+from scratchlm.fileio import atomic_write, cache_home, out_of_room, why_write_failed
 from scratchlm.errors import ConfigError, UserError, check_folder_path
 from scratchlm.text_files import without_bom
 
@@ -513,9 +512,9 @@ def _build_or_say_why(cfg: DataConfig, staging: Path, out_dir: Path, progress: b
     try:
         _build(cfg, staging, progress)
     except OSError as exc:
-        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if not out_of_room(exc):
             raise
-        raise UserError(f"{out_dir}: no room to write the prepared data ({exc.strerror}); nothing in {out_dir} "
+        raise UserError(f"{out_dir}: no room to write the prepared data: {why_write_failed(exc)}; nothing in {out_dir} "
                         "was changed and the partial files were removed. Free some space, or choose another "
                         f"{flag}") from None
 
