@@ -746,6 +746,7 @@ def test_another_host_gets_a_warning_line(runs):
     (["--host", "no.such.host.invalid"], "--host no.such.host.invalid"),
     (["--max-new-tokens", "0"], "--max-new-tokens"),
     (["--threads", "0"], "--threads must be between 1 and 4096"),
+    (["--allow-host", "box.local:8000"], "--allow-host 'box.local:8000': not a host name or address"),
 ])
 def test_the_command_refuses_bad_input_in_one_line(tmp_path, runs, args, words):
     if "--runs" not in args and "--checkpoint" not in args and args:

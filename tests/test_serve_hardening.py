@@ -98,7 +98,7 @@ def one_line_refusal(status: int, answer: object, expected: int, words: str) -> 
 
 
 @pytest.mark.parametrize("host", ["attacker.test", "127.0.0.1.attacker.test", "localhost.attacker.test", "10.0.0.7",
-                                  "attacker.test:80", "", "localhost:x"])
+                                  "attacker.test:80", "", "localhost:x", "box.local"])  # box.local: not without --allow-host
 def test_a_foreign_host_is_refused_everywhere(command, untouched, host):
     """DNS rebinding: a foreign name resolved to 127.0.0.1. Its Host gets nothing: not the runs,
     the metrics, the page, nor a stream."""
@@ -194,6 +194,39 @@ def test_host_names_and_the_names_of_another_bind_address():
         assert guard.refusal(scope(host)) is None, host
     for host in ["attacker.test:8000", "192.168.5.10:8000"]:
         assert guard.refusal(scope(host))[0] == 403, host
+
+
+def test_allow_host_takes_one_bare_name_or_address():
+    from scratchlm.errors import UserError
+    from scratchlm.serve.guard import Guard, allowed_name
+
+    assert [allowed_name(v) for v in ["Box.Local.", "[::1]", "::ffff:10.0.0.1", "my_host", "a-b.c"]] == [
+        "box.local", "::1", "10.0.0.1", "my_host", "a-b.c"]
+    for bad in ["", "*", "*.local", "a b", "box.local:8000", "http://box.local", "-a", "a..b", "x/y", "a" * 254]:
+        with pytest.raises(UserError, match="not a host name or address"):
+            allowed_name(bad)
+    guard = Guard(None, [allowed_name("box.local")])
+    scope = lambda host: {"type": "http", "path": "/api/runs", "method": "GET",  # noqa: E731
+                          "headers": [(b"host", host.encode())], "server": ("127.0.0.1", 8000)}
+    assert guard.refusal(scope("BOX.local:8000")) is None and guard.refusal(scope("other.local:8000"))[0] == 403
+
+
+def test_the_command_answers_an_allowed_name_and_no_other(runs):
+    """`--allow-host box.local`: an /etc/hosts alias of this machine is answered, with the page's
+    own Origin; any other name is still refused."""
+    from test_serve import _start_serve
+
+    proc, line = _start_serve("--runs", str(runs), "--port", "0", "--allow-host", "box.local")
+    try:
+        port = int(line.split(":")[3].split("/")[0])
+        status, answer = raw(port, "GET", "/api/runs", {"Host": f"box.local:{port}",
+                                                        "Origin": f"http://box.local:{port}"})
+        assert status == 200 and [r["name"] for r in answer["runs"]] == ["mixed"], answer
+        one_line_refusal(*raw(port, "GET", "/api/runs", {"Host": f"other.local:{port}"}), 403, "this server answers to")
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    assert proc.stderr.read() == ""
 
 
 def test_an_ipv4_client_of_a_dual_stack_server_may_use_the_address_it_connected_to():

@@ -22,6 +22,9 @@ def add_serve(sub) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to listen on (default: 127.0.0.1, this machine only; anything else is reachable "
                         "from the network, with no login)")
+    p.add_argument("--allow-host", action="append", default=[], metavar="NAME",
+                   help="also answer requests addressed to NAME (an /etc/hosts alias, box.local); other names "
+                        "are refused, so a foreign page cannot use the playground; repeat for more")
     p.add_argument("--port", type=int, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--max-new-tokens", type=int, default=1000, help="the most tokens one request may ask for (default: 1000)")
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N or auto (default: cpu)")
@@ -84,6 +87,9 @@ def _run_serve(args) -> int:
         raise UserError(f"--runs {args.runs}: no such folder")
     if args.checkpoint is not None and not Path(args.checkpoint).exists():
         raise UserError(f"--checkpoint {args.checkpoint}: no such checkpoint or run directory")
+    from scratchlm.serve.guard import allowed_name
+
+    args.allow_host = [allowed_name(name) for name in args.allow_host]
     sock = _bind(args.host, args.port)
     try:
         return _serve(args, sock)
@@ -109,7 +115,7 @@ def _serve(args, sock: socket.socket) -> int:
     else:
         library = RunLibrary(runs=args.runs or DEFAULT_RUNS, device=device)
     limits = Limits(max_new_tokens=args.max_new_tokens)
-    app = create_app(library, limits, names=tuple(local_names(args.host)))
+    app = create_app(library, limits, names=(*local_names(args.host), *args.allow_host))
     host, port = sock.getsockname()[:2]
     if not is_loopback(args.host):
         print(f"warning: listening on {args.host}, reachable from other machines; the playground has no login",

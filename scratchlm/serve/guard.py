@@ -6,7 +6,8 @@ is refused. Such a page can make the browser send requests to 127.0.0.1, by thre
 
 - DNS rebinding: its own name is made to resolve to 127.0.0.1, so its scripts read our answers
   as "same origin". The browser still sends that name as Host, so `Guard` answers only Host
-  names of this server (loopback names and addresses; with --host, that name and the machine's).
+  names of this server (loopback names, the address the client connected to; with --host, that
+  name and the machine's; and each --allow-host NAME).
 - A cross-site request (a form, fetch in no-cors mode): it carries the page's Origin, or a
   Sec-Fetch-Site other than same-origin, and (a form) a body type other than JSON. The API
   answers only its own page (no Origin: a script or curl) and reads only application/json
@@ -26,6 +27,7 @@ import asyncio
 import errno
 import ipaddress
 import json
+import re
 import socket
 import sys
 import weakref
@@ -34,6 +36,8 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from scratchlm.errors import UserError
 
 try:
     import resource
@@ -69,6 +73,26 @@ def plain_address(name: str) -> str:
     except ValueError:
         return name
     return name if mapped is None else str(mapped)
+
+
+NAME = re.compile(r"[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?(\.[a-z0-9_]([a-z0-9_-]*[a-z0-9_])?)*")
+
+
+def allowed_name(value: str) -> str:
+    """A `--allow-host` value as the Host name it lets in (lowercase, no trailing dot, brackets
+    off an IPv6 address); UserError for anything but one bare name or address (no port, no
+    wildcard: each name let in is one a foreign page could use after rebinding it)."""
+    name = value.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]"):
+        name = name[1:-1]
+    try:
+        return plain_address(str(ipaddress.ip_address(name)))
+    except ValueError:
+        pass
+    if len(name) > 253 or not NAME.fullmatch(name):
+        raise UserError(f"--allow-host {value[:80]!r}: not a host name or address (one name, no port or wildcard; "
+                        "e.g. box.local)")
+    return name
 
 
 def is_loopback(host: str) -> bool:
