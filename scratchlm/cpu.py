@@ -20,7 +20,7 @@ import os
 import platform
 from pathlib import Path
 
-from scratchlm.envflags import env_switch
+from scratchlm.envflags import env_switch, stated_clock_ghz
 
 _ONEDNN_BF16_LEVELS = ("AVX512_CORE_BF16", "AVX512_CORE_FP16", "AVX512_CORE_AMX", "AVX10", "ALL", "DEFAULT")
 
@@ -153,17 +153,9 @@ def max_clock_ghz() -> tuple[float, str]:
     `SCRATCHLM_CPU_MAX_GHZ` states it (for a virtual machine whose host CPU you know); else the
     largest `cpuinfo_max_freq` Linux reports, where that includes boost (a pstate driver, or boost
     off); else CLOCK_CEILING_GHZ."""
-    stated = os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip()
-    if stated:
-        from scratchlm.errors import UserError
-
-        try:
-            ghz = float(stated)
-        except ValueError:
-            ghz = float("nan")
-        if not 0.1 <= ghz <= 20:  # also refuses nan and inf
-            raise UserError(f"SCRATCHLM_CPU_MAX_GHZ={stated!r}: give the CPU's highest clock in GHz, a number such as 3.5")
-        return ghz, "SCRATCHLM_CPU_MAX_GHZ"
+    stated = stated_clock_ghz()
+    if stated is not None:
+        return stated, "SCRATCHLM_CPU_MAX_GHZ"
     root = Path(_SYS_CPU)
     found = []
     for path in root.glob("cpu[0-9]*/cpufreq/cpuinfo_max_freq"):

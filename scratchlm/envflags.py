@@ -45,7 +45,19 @@ def check_switches() -> None:
     sane number of GHz."""
     for name in SWITCHES:
         env_switch(name)
-    if os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip():
-        from scratchlm.cpu import max_clock_ghz
+    stated_clock_ghz()
 
-        max_clock_ghz()
+
+def stated_clock_ghz() -> float | None:
+    """The CPU's highest clock in GHz as SCRATCHLM_CPU_MAX_GHZ states it (scratchlm.cpu's bound
+    for MFU), None where it is unset or empty; a UserError for anything but a number in 0.1..20."""
+    raw = os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip()
+    if not raw:
+        return None
+    try:
+        ghz = float(raw)
+    except ValueError:
+        ghz = float("nan")
+    if not 0.1 <= ghz <= 20:  # also refuses nan and inf
+        raise UserError(f"SCRATCHLM_CPU_MAX_GHZ={raw!r}: give the CPU's highest clock in GHz, a number such as 3.5")
+    return ghz
