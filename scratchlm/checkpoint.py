@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import uuid
 from pathlib import Path
 from collections.abc import Iterator
 from typing import Any
@@ -42,7 +41,7 @@ from safetensors.torch import load_file, save_file
 from scratchlm.config import GPTConfig
 from scratchlm.memory import check_model_fits
 from scratchlm.errors import UserError, check_folder_path, read_failure
-from scratchlm.fileio import atomic_write, temp_stem, why_write_failed
+from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, atomic_write, staged_name, why_write_failed
 from scratchlm.model import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -107,14 +106,14 @@ def output_write_failed(target: Path, what: str, exc: BaseException) -> UserErro
 
 
 def _new_tmp_dir(parent: Path, name: str) -> Path:
-    tmp = parent / f".tmp-{temp_stem(name)}-{uuid.uuid4().hex[:8]}"  # short: a 250-character name is legal
+    tmp = parent / staged_name(name)  # short: a 250-character name is legal
     tmp.mkdir(parents=True)
     return tmp
 
 
 def _remove_stale_tmp_dirs(parent: Path) -> None:
     """Leftovers of saves that were killed before their rename; never referenced by `latest`."""
-    for stale in parent.glob(".tmp-*"):
+    for stale in parent.glob(STAGED_PREFIX + "*"):
         if stale.is_dir():
             shutil.rmtree(stale, ignore_errors=True)
 
@@ -231,7 +230,7 @@ def _swap_dir_into_place(tmp: Path, final: Path) -> None:
     (a directory cannot be renamed over a non-empty one) and deleting it only afterwards."""
     old = None
     if final.exists():
-        old = final.parent / f".old-{temp_stem(final.name)}-{uuid.uuid4().hex[:8]}"
+        old = final.parent / staged_name(final.name, ASIDE_PREFIX)
         os.rename(final, old)
     os.rename(tmp, final)
     _fsync_path(final.parent)
@@ -256,7 +255,7 @@ def rename_into_new(tmp: Path, final: Path) -> None:
 
 
 @contextlib.contextmanager
-def _staged_dir(final: Path, replace: bool = True) -> Iterator[Path]:
+def staged_dir(final: Path, replace: bool = True) -> Iterator[Path]:
     """A new temporary folder beside `final`: what the block writes there replaces `final` in one
     swap (made durable first) when the block ends without an exception, and is removed otherwise.
     replace=False: `final` must be new or empty when the block ends (see rename_into_new)."""
@@ -277,7 +276,7 @@ def save_tokenizer(tokenizer: Any, directory: Path | str) -> Path:
     """Save `tokenizer` to directory/tokenizer/ atomically (temp dir, then rename)."""
     directory = Path(directory)
     final = directory / TOKENIZER_DIR
-    with _staged_dir(final) as tmp:
+    with staged_dir(final) as tmp:
         tokenizer.save(tmp)
         for f in tmp.rglob("*"):
             if f.is_file():
@@ -373,7 +372,7 @@ def save_model_checkpoint(
     if tokenizer is not None:
         config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
     try:
-        with _staged_dir(out_dir, replace=overwrite) as tmp:
+        with staged_dir(out_dir, replace=overwrite) as tmp:
             _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
             _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
             if tokenizer is not None:

@@ -7,6 +7,7 @@ import contextlib
 import errno
 import os
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
@@ -60,6 +61,25 @@ def why_write_failed(exc: BaseException) -> str:
     return f"the write failed ({getattr(exc, 'strerror', None) or exc})"
 
 
+STAGED_PREFIX = ".tmp-"
+"""How a folder staged beside its final place begins: `.tmp-NAME-XXXXXXXX` (staged_name), what a
+kill before its rename leaves (scratchlm.checkpoint writes them, others find them by this)."""
+ASIDE_PREFIX = ".old-"
+"""How a folder moved aside to be replaced begins: `.old-NAME-XXXXXXXX`, removed after the swap."""
+ATOMIC_SUFFIX = ".tmp"
+"""How atomic_write's temporary file ends; it begins with atomic_prefix(NAME)."""
+
+
+def staged_name(name: str, prefix: str = STAGED_PREFIX) -> str:
+    """A new temporary name for a folder beside `name` (STAGED_PREFIX, or ASIDE_PREFIX)."""
+    return f"{prefix}{temp_stem(name)}-{uuid.uuid4().hex[:8]}"
+
+
+def atomic_prefix(name: str) -> str:
+    """How atomic_write's temporary file for `name` begins (`.NAME.`, then random, then .tmp)."""
+    return f".{temp_stem(name)}."
+
+
 @contextlib.contextmanager
 def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = False) -> Iterator[IO]:
     """open(path, mode) whose content appears under `path` only once the block ends without an
@@ -69,7 +89,7 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = F
     `.NAME.*.tmp`). durable=True also flushes the data to the disk before the rename. The new
     file gets the usual permissions (0666 less the umask), not mkstemp's 0600."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{temp_stem(path.name)}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=atomic_prefix(path.name), suffix=ATOMIC_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8"})) as f:
             yield f

@@ -24,7 +24,6 @@ import base64
 import json
 import os
 import re
-import shutil
 import tempfile
 import warnings
 from pathlib import Path
@@ -32,10 +31,9 @@ from typing import Any, Mapping
 
 import torch
 
-from scratchlm.checkpoint import quiet_torch_load, rename_into_new
+from scratchlm.checkpoint import quiet_torch_load, staged_dir
 from scratchlm.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
-from scratchlm.fileio import temp_stem
 from scratchlm.flops import count_params
 from scratchlm.memory import check_fits, footprint
 from scratchlm.model import GPT
@@ -465,8 +463,8 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
     hf_config["dtype"] = str(model.transformer.wte.weight.dtype).removeprefix("torch.")
 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{temp_stem(out_dir.name)}.tmp-", dir=out_dir.parent))
-    try:
+    # a folder another writer filled since the check is refused when the staged one is renamed, left whole
+    with staged_dir(out_dir, replace=False) as tmp:
         from safetensors.torch import save_file
 
         # transformers refuses safetensors files without format=pt metadata
@@ -476,10 +474,6 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
                                                                indent=2) + "\n", encoding="utf-8")
         if tokenizer is not None:
             write_hf_tokenizer(tokenizer, tmp, model_max_length=model.config.block_size)
-        rename_into_new(tmp, out_dir)  # a folder another writer filled since the check is refused, left whole
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from scratchlm.errors import UserError
-from scratchlm.fileio import atomic_write
+from scratchlm.fileio import ATOMIC_SUFFIX, atomic_prefix, atomic_write
 from scratchlm.runlock import LOCK_FILE, FolderBusy, RunLock, holder_of
 
 MARKER = ".scratchlm-output"
@@ -36,7 +36,7 @@ def made_by(folder: Path) -> str | None:
 
 def mark(folder: Path, command: str) -> None:
     """Say in `folder` that `command` made it (the marker is written whole or not at all)."""
-    for stale in Path(folder).glob(f".{MARKER}.*.tmp"):  # an earlier marker's write that a kill interrupted
+    for stale in Path(folder).glob(f"{atomic_prefix(MARKER)}*{ATOMIC_SUFFIX}"):  # an earlier marker's write that a kill interrupted
         stale.unlink(missing_ok=True)
     with atomic_write(Path(folder) / MARKER, "w") as f:
         f.write(f"{command}\n")
@@ -50,7 +50,7 @@ def _foreign(folder: Path, command: str, own: Callable[[str], bool], legacy: Cal
     by = made_by(folder)
     if by is not None and by != command:
         return names  # another scratchlm command's output: not ours to change
-    others = [n for n in names if n not in (LOCK_FILE, MARKER) and not n.startswith(f".{MARKER}.") and not own(n)]
+    others = [n for n in names if n not in (LOCK_FILE, MARKER) and not n.startswith(atomic_prefix(MARKER)) and not own(n)]
     if others:
         return others
     outputs = [n for n in names if not n.startswith(".")]  # a killed try leaves hidden names (lock, staging, marker's temp)

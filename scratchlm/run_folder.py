@@ -15,7 +15,7 @@ import torch
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.distributed import Dist, any_rank
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.fileio import why_write_failed
+from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, why_write_failed
 from scratchlm.runlock import LOCK_FILE, RunLock, holder, holder_of
 from scratchlm.train_config import TrainConfig
 
@@ -88,7 +88,7 @@ def _check_fresh_run_dir(run_dir: Path) -> None:
         )
 
 
-_START_LEFTOVERS = (".tmp-tokenizer-", ".old-tokenizer-")
+_START_LEFTOVERS = (f"{STAGED_PREFIX}{ckpt_io.TOKENIZER_DIR}-", f"{ASIDE_PREFIX}{ckpt_io.TOKENIZER_DIR}-")
 """How the temporary folders of save_tokenizer begin: what a kill during a run's start can leave."""
 
 

@@ -147,9 +147,10 @@ def bit_identical(a: Path, b: Path) -> bool:
 def _judge(run: Path, ref: Path, done: int, code: int, number: int, log) -> dict:
     """What a kill left: the step `latest` names (it must load whole) and whether that checkpoint
     is bit-identical to the reference's of the same step; None when there is no checkpoint yet."""
+    from scratchlm.fileio import STAGED_PREFIX
     from scratchlm.checkpoint import latest_checkpoint, load_model
 
-    mid_save = any(run.glob(".tmp-*"))  # the kill landed inside a checkpoint write
+    mid_save = any(run.glob(STAGED_PREFIX + "*"))  # the kill landed inside a checkpoint write
     after = latest_checkpoint(run)
     step = None if after is None else int(after.name.split("-")[1])
     same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical

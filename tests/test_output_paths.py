@@ -216,6 +216,27 @@ def test_every_writer_says_a_failed_write_in_the_same_words(tmp_path, monkeypatc
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "t.txt"] and not any((tmp_path / "run").iterdir())
 
 
+def test_export_hf_stages_its_folder_by_the_one_temporary_name_scheme(tmp_path, monkeypatch):
+    """export-hf writes its folder beside its place under the name every staged folder has
+    (`.tmp-NAME-` and 8 hex digits, as checkpoints and tokenizers are staged), fsynced and renamed
+    by the same code, not a hand-made copy with a name of its own."""
+    import safetensors.torch
+
+    from scratchlm.interop import export_hf
+
+    staged: list[str] = []
+    real_save = safetensors.torch.save_file
+
+    def save_and_look(tensors, path, *args, **kwargs):
+        staged.append(Path(path).parent.name)
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save_and_look)
+    export_hf(GPT(GPTConfig(vocab_size=40, **TINY_MODEL)), tmp_path / "out", None)
+    assert len(staged) == 1 and re.fullmatch(r"\.tmp-out-[0-9a-f]{8}", staged[0]), staged
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
 def test_a_250_character_output_name_is_written(tmp_path):
     """A file name may hold 255 bytes; the temporary names beside an output are short, so a legal
     250-character name works for prepare (a process), the atomic file writer, export-hf and
