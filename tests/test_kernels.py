@@ -350,6 +350,9 @@ def test_a_damaged_cache_ends_in_a_working_command_without_a_traceback(tmp_path,
     _damage(library, damage)
     damaged = library.read_bytes()
     env = {"SCRATCHLM_KERNEL_CACHE": str(library.parent), **({} if rebuild else {"CC": "false"})}
+    # the library this process built is the one the command must look for: with this process's
+    # SCRATCHLM_CPU_BF16 (the no-bf16 CI pass sets it), or it would build another variant beside it
+    env.update({k: os.environ[k] for k in ("SCRATCHLM_CPU_BF16",) if k in os.environ})
     if command == "generate":
         argv = ["generate", "--checkpoint", str(tiny_run), "--dtype", "bfloat16", "--max-new-tokens", "8", "--seed", "1",
                 "--prompt", "the "]
