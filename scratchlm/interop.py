@@ -21,13 +21,14 @@ safetensors, and an in-memory HF model is read through `.state_dict()` and `.con
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import os
 import re
 import tempfile
 import warnings
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
@@ -150,10 +151,7 @@ def gpt_from_hf(hf_model_or_state_dict: Any, hf_config: Any = None) -> GPT:
         state = dict(hf_model_or_state_dict)
     if hf_config is None:
         raise UserError("a GPT-2 state dict needs its config (config.json) to be imported")
-    config = gpt_config_from_hf(hf_config)
-    check_import_fits(config, "the GPT-2 config")
-    _check_layer_count(state, config, "the GPT-2 config")
-    return _built_checked(config, _state_dict_from_hf(state, config))
+    return _import_checked(gpt_config_from_hf(hf_config), "the GPT-2 config", lambda: state, _state_dict_from_hf)
 
 
 def _state_dict_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) -> dict[str, torch.Tensor]:
@@ -180,6 +178,18 @@ def _state_dict_from_hf(state: Mapping[str, torch.Tensor], config: GPTConfig) ->
     elif "lm_head.weight" not in ours:
         raise UserError("tie_word_embeddings: false, but the weights hold no lm_head.weight; the model is incomplete")
     return {k: v for k, v in ours.items() if v is not None}
+
+
+def _import_checked(config: GPTConfig, source: str, read_state: Callable[[], Mapping[str, torch.Tensor]],
+                    convert: Callable[[Mapping[str, torch.Tensor], GPTConfig], dict[str, torch.Tensor]]) -> GPT:
+    """The one import sequence (gpt_from_hf, import_hf_dir): the config's model checked against
+    memory before a weight is read (`read_state`), the weights' layers counted against the config
+    before a model of its size is built, then converted (`convert`) and built, names and shapes
+    checked first."""
+    check_import_fits(config, source)
+    state = read_state()
+    _check_layer_count(state, config, source)
+    return _built_checked(config, convert(state, config))
 
 
 def check_import_fits(config: GPTConfig, source: str) -> None:
@@ -276,14 +286,13 @@ def import_hf_dir(path: Path | str) -> GPT:
         raise UserError(f"model_type: {config_path} names none, so it is not a Hugging Face model config{hint}")
     from scratchlm import hf_rotary
 
-    rotary = hf_config["model_type"] in hf_rotary.IMPORTABLE
-    config = hf_rotary.config_from_hf(hf_config) if rotary else gpt_config_from_hf(hf_config)
-    check_import_fits(config, str(config_path))  # before the weights are read
-    state = read_hf_weights(directory)
-    _check_layer_count(state, config, str(config_path))
-    if rotary:
-        return _built_checked(config, hf_rotary.state_dict_from_hf(state, config, hf_config["model_type"]))
-    return _built_checked(config, _state_dict_from_hf(state, config))
+    kind = hf_config["model_type"]
+    if kind in hf_rotary.IMPORTABLE:
+        config = hf_rotary.config_from_hf(hf_config)
+        convert = functools.partial(hf_rotary.state_dict_from_hf, arch=kind)
+    else:
+        config, convert = gpt_config_from_hf(hf_config), _state_dict_from_hf
+    return _import_checked(config, str(config_path), lambda: read_hf_weights(directory), convert)
 
 
 def import_hf_tokenizer(path: Path | str) -> Any:

@@ -69,12 +69,7 @@ def _refusal(folder: Path, command: str, flag: str, foreign: list[str]) -> UserE
 
 
 def _check(folder: Path, command: str, flag: str, own, legacy, inputs: list[Path]) -> None:
-    where = folder.resolve()
-    for path in inputs:
-        path = path.resolve()
-        if path == where or where in path.parents:
-            raise UserError(f"{flag} {folder}: holds this command's own input ({path}); write the output to "
-                            f"another {flag}")
+    check_not_input(folder, inputs, flag)
     if folder.is_dir():
         foreign = _foreign(folder, command, own, legacy)
         if foreign:
@@ -115,11 +110,12 @@ def claim_folder(folder: Path | str, command: str, flag: str, *, own: Callable[[
 
 
 def check_not_input(out: Path | str, inputs: Iterable[Path | str], flag: str) -> None:
-    """Refuse an output file that is one of the command's own inputs or lies inside an input
-    folder (`--force` lets a name without the usual suffix through, never this)."""
+    """Refuse an output (a file, or a folder the command writes into) that is one of the
+    command's own inputs, lies inside an input folder, or holds an input (`--force` lets a file
+    name without the usual suffix through, never this): writing there would change the input."""
     where = Path(out).expanduser().resolve()
     for path in inputs:
         path = Path(path).expanduser().resolve()
-        if where == path or path in where.parents:
-            raise UserError(f"{flag} {out}: {'is' if where == path else 'lies in'} this command's own input ({path}); "
-                            f"write the output to another {flag}")
+        how = "is" if where == path else "lies in" if path in where.parents else "holds" if where in path.parents else None
+        if how:
+            raise UserError(f"{flag} {out}: {how} this command's own input ({path}); write the output to another {flag}")

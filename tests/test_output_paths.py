@@ -161,6 +161,24 @@ def test_trains_data_cache_names_its_own_flag_and_rebuilds_its_own_leftovers(tmp
     assert "--out" not in str(refused.value) and tree_hashes(tmp_path) == before
 
 
+@pytest.mark.parametrize("out, how, named", [("tok", "is", "tok"), ("tok/sub", "lies in", "tok"), (".", "holds", "t.txt")])
+def test_prepare_never_writes_into_or_around_its_input_folder(tmp_path, out, how, named):
+    """One check (outdir.check_not_input) for every output, file or folder: prepare's --out may
+    not be its --tokenizer_file folder, lie inside it (it was let through: prepare wrote into the
+    user's tokenizer folder) or hold it."""
+    from scratchlm.tokenizer import CharTokenizer
+
+    tok = tmp_path / "tok"
+    CharTokenizer("abcdefghijklmnopqrstuvwxyz ").save(tok)
+    cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char", tokenizer_file=str(tok))
+    before = tree_hashes(tmp_path)
+    with pytest.raises(UserError) as refused:
+        prepare(cfg, tmp_path / out, progress=False)
+    assert str(refused.value) == (f"--out {tmp_path / out}: {how} this command's own input ({(tmp_path / named).resolve()}); "
+                                  "write the output to another --out")
+    assert tree_hashes(tmp_path) == before
+
+
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):
     import scratchlm.data.preparation as preparation
 
