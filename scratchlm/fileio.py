@@ -126,7 +126,8 @@ def append_line(path: str | os.PathLike, line: str) -> None:
 def cut_torn_tail(path: str | os.PathLike) -> int:
     """Cut a torn last record off a log of one JSON object per line (append_line's format): a last
     line that is not JSON is what a write that did not finish leaves (a full disk, a kill, a crash
-    of the machine); a whole record that lacks only its newline gets it back. Returns the bytes
+    of the machine); a whole record that lacks only its newline gets it back. A blank last line
+    is no record (a record never begins with white space), so it is no torn one: left as it is. Returns the bytes
     cut (0: none, or no log). Only the last line is read, so a long log costs nothing."""
     import json
 
@@ -145,7 +146,7 @@ def cut_torn_tail(path: str | os.PathLike) -> int:
             cut = tail.rfind(b"\n", 0, len(tail) - 1)
         start = pos + cut + 1  # where the last line begins (0 when it is the only one)
         last = tail[cut + 1:]
-        if not last:
+        if not last.strip():  # no last line, or a blank one: no record, so none torn (readers skip blanks)
             return 0
         f.seek(size)
         try:

@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import functools
 import json
-import os
 import re
 import tempfile
 import warnings

@@ -375,6 +375,10 @@ def test_an_append_that_fails_mid_write_leaves_no_half_record(tmp_path, monkeypa
     (b'{"a": 1}\n{"b": "\xc3', b'{"a": 1}\n'),  # torn inside a UTF-8 character
     (b'{"a', b''),  # the only record torn
     (b'', b''),
+    (b'{"a": 1}\n\n', b'{"a": 1}\n\n'),  # a blank last line is no record, so no torn one: nothing cut or said
+    (b'{"a": 1}\n\n\n', b'{"a": 1}\n\n\n'),
+    (b'{"a": 1}\n \t', b'{"a": 1}\n \t'),
+    (b'\n', b'\n'),
     (b'{"a": 1}\n' * 20000 + b'{"z', b'{"a": 1}\n' * 20000),  # a log longer than one read of its tail
 ])
 def test_a_torn_last_record_is_cut_by_hand(tmp_path, content, kept):
