@@ -353,26 +353,25 @@ def save_model_checkpoint(
     tokenizer: Any,
     out_dir: Path | str,
     extra_config: dict[str, Any] | None = None,
-    *,
-    overwrite: bool = False,
 ) -> Path:
     """Write a weights-only checkpoint directory that `load_model` reads (used by imports).
 
     out_dir/ gets model.safetensors, config.json ({"model": ..., **extra_config}) and, when a
-    tokenizer is given, tokenizer/. An existing non-empty out_dir is an error unless overwrite.
+    tokenizer is given, tokenizer/. An existing non-empty out_dir is an error: a model folder is
+    written new (or into an empty folder), never over one.
     """
     out_dir = Path(out_dir)
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is a file, not a checkpoint directory; choose a new directory")
     check_folder_path(out_dir, "output directory")
-    if out_dir.exists() and any(out_dir.iterdir()) and not overwrite:
+    if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} already exists and is not empty; choose a new folder, or empty this one")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     config = {"model": model.config.to_dict(), **(extra_config or {})}
     if tokenizer is not None:
         config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
     try:
-        with staged_dir(out_dir, replace=overwrite) as tmp:
+        with staged_dir(out_dir, replace=False) as tmp:
             _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
             _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
             if tokenizer is not None:
