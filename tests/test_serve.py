@@ -97,6 +97,11 @@ def request(port: int, method: str, path: str, body=None, raw: bytes | None = No
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
     data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
     conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    return answer(conn)
+
+
+def answer(conn: http.client.HTTPConnection) -> tuple[int, object]:
+    """(status, parsed JSON or text) of the response on `conn`, which is then closed."""
     resp = conn.getresponse()
     text = resp.read().decode("utf-8", "replace")
     conn.close()

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from test_bad_input import tree_hashes
-from test_serve import JSON, Served, active_streams, runs  # noqa: F401 (runs: a fixture)
+from test_serve import JSON, Served, active_streams, answer, runs  # noqa: F401 (runs: a fixture)
 
 
 class Command:
@@ -76,13 +76,7 @@ def raw(port: int, method: str, path: str, headers: dict[str, str], body: bytes 
     if body is not None:
         conn.putheader("Content-Length", str(len(body)))
     conn.endheaders(body)
-    resp = conn.getresponse()
-    text = resp.read().decode("utf-8", "replace")
-    conn.close()
-    try:
-        return resp.status, json.loads(text)
-    except ValueError:
-        return resp.status, text
+    return answer(conn)
 
 
 GENERATE = json.dumps({"run": "mixed", "prompt": "The ", "max_new_tokens": 5, "seed": 1}).encode()
