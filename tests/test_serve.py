@@ -342,13 +342,17 @@ def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     assert len(answers) > 1 and answers[-1] is True and not any(answers[:-1])
 
 
-def _interrupt_a_stream(runs: Path, options: dict) -> tuple[list[str], int, str]:
+def _interrupt_a_stream(runs: Path, options: dict, sigint_ignored: bool = False) -> tuple[list[str], int, str]:
     """Serve `runs`, open a long stream, send SIGINT after its third token: (the done events'
-    reasons the reader got, the server's exit status, its stderr)."""
+    reasons the reader got, the server's exit status, its stderr). `sigint_ignored`: the server
+    starts with SIGINT ignored, as a background job of a script does (and as this test suite's
+    own processes do when it runs in one)."""
     import signal
 
+    disposition = signal.SIG_IGN if sigint_ignored else signal.SIG_DFL
     proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", "--runs", str(runs), "--port", "0",
-                             "--max-new-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                             "--max-new-tokens", "100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, disposition))
     try:
         port = int(re.search(r"http://[\d.]+:(\d+)/", proc.stdout.readline()).group(1))
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
@@ -379,6 +383,14 @@ def test_ctrl_c_ends_open_streams_with_their_done_event_and_no_traceback(runs):
         if reasons != ["eos"]:
             break
     assert reasons == ["stopped"]
+
+
+def test_ctrl_c_exits_130_even_when_sigint_was_ignored_at_start(runs):
+    """A server started with SIGINT ignored (a script's background job): uvicorn takes SIGINT over
+    all the same and shuts down, and its re-raise of the signal then does nothing; the exit status
+    is still an interrupted program's (it was 0)."""
+    reasons, status, err = _interrupt_a_stream(runs, {"greedy": True}, sigint_ignored=True)
+    assert status == 130 and err.splitlines()[-1] == "interrupted" and "Traceback" not in err, err
 
 
 def test_beam_search_asks_should_stop_before_each_step():

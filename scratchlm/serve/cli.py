@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import ipaddress
+import signal
 import socket
 import sys
 from pathlib import Path
@@ -40,12 +41,20 @@ def _run_uvicorn(config, model_thread, sock: socket.socket) -> None:
     than being cancelled mid-response (a traceback, and a reader left without its last event)."""
     import uvicorn
 
+    interrupted = []
+
     class Server(uvicorn.Server):
         def handle_exit(self, sig, frame):
             model_thread.stop_streams()
+            interrupted.append(sig == signal.SIGINT)
             super().handle_exit(sig, frame)
 
     Server(config).run(sockets=[sock])
+    # uvicorn raises the signal again once it has shut down, which ends in KeyboardInterrupt (exit
+    # 130) unless SIGINT was ignored when the process started (a background job of a script):
+    # uvicorn took it over all the same and stopped, so it was a Ctrl-C either way
+    if any(interrupted):
+        raise KeyboardInterrupt
 
 
 def _bind(host: str, port: int) -> socket.socket:
