@@ -63,10 +63,10 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
-from scratchlm.decoding import Decoder  # noqa: E402
-from scratchlm.generate import generate_ids  # noqa: E402
+from scratchlm.generation.decoding import Decoder  # noqa: E402
+from scratchlm.generation.generate import generate_ids  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
-from scratchlm.model import GPT  # noqa: E402
+from scratchlm.model.gpt import GPT  # noqa: E402
 
 TARGET_SHAPE = "gpt2-124m"
 TARGET_VS_HF = 2.0

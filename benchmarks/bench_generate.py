@@ -3,7 +3,7 @@
 One run times batch-1 greedy decoding of 128 new tokens after a 16-token prompt, at the `smoke`
 and `gpt2-124m` shapes (random weights), for three decoders on the same weights:
 
-    ours+cache    scratchlm.generate.generate_ids(use_cache=True)
+    ours+cache    scratchlm.generation.generate.generate_ids(use_cache=True)
     ours-nocache  the plain loop of S20 (use_cache=False): the whole window every step
     hf+cache      transformers.GPT2LMHeadModel.generate(use_cache=True, do_sample=False)
 
@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from scratchlm.config import GPTConfig
-from scratchlm.generate import generate_ids
-from scratchlm.model import GPT
+from scratchlm.model.config import GPTConfig
+from scratchlm.generation.generate import generate_ids
+from scratchlm.model.gpt import GPT
 
 PROMPT_LEN = 16
 NEW_TOKENS = 128
@@ -38,7 +38,7 @@ def to_hf(model: GPT):
     """The same network as a transformers GPT2LMHeadModel, sharing no storage with ours."""
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from scratchlm.interop import hf_config_from_gpt, hf_state_dict_from_gpt
+    from scratchlm.hf.interop import hf_config_from_gpt, hf_state_dict_from_gpt
 
     config = hf_config_from_gpt(model.config)
     hf = GPT2LMHeadModel(GPT2Config(**{k: v for k, v in config.items() if k not in ("architectures", "dtype")}))

@@ -2,7 +2,7 @@
 `scratchlm generate`'s own loop, for the same model, prompt and greedy tokens.
 
 A short `shakespeare-char` run (30 steps on the built-in corpus) gives the model. Then, in turns:
-  - generate: `scratchlm.generate.stream`, the loop `scratchlm generate` prints from, timed here
+  - generate: `scratchlm.generation.generate.stream`, the loop `scratchlm generate` prints from, timed here
     from its first piece of text to its last;
   - browser: Debian's Chromium, driven by Playwright, opens `scratchlm serve --checkpoint RUN`
     once, types the prompt, ticks greedy, and presses Generate once per turn; the page's own
@@ -64,8 +64,8 @@ def time_generate(run: Path, threads: int | None = None) -> tuple[float, str]:
     torch's default threads or at `threads`."""
     import torch
 
-    from scratchlm.checkpoint import load_model
-    from scratchlm.generate import stream
+    from scratchlm.training.checkpoint import load_model
+    from scratchlm.generation.generate import stream
 
     model, tokenizer, _ = load_model(run)
     default = torch.get_num_threads()

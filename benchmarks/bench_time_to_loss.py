@@ -48,9 +48,9 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
             **overrides: Any) -> dict[str, Any]:
     """One training of `preset`; from probe_from of its steps on, the whole validation split is
     scored every max_steps / probes steps until it reaches the goal (the run then stops)."""
-    from scratchlm import run as run_module
-    from scratchlm.evaluation import evaluate_full
-    from scratchlm.train import config_from_preset, train
+    from scratchlm.training import run as run_module
+    from scratchlm.training.evaluation import evaluate_full
+    from scratchlm.training.train import config_from_preset, train
 
     cfg = config_from_preset(preset, data=str(data), out_dir=str(workdir / f"run-{time.time_ns()}"),
                              data_cache=str(workdir / "cache"), progress="quiet", **overrides)
@@ -94,16 +94,16 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
 
 def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]:
     """Tokens/s of one training step at the baby shape, steady state, interleaved: our fp32
-    `shakespeare-char` step through the trainer's own step function (scratchlm.train._train_step:
+    `shakespeare-char` step through the trainer's own step function (scratchlm.training.train._train_step:
     fused loss, foreach clipping, fused AdamW) beside the peer's (peer_classic.make_step), both on
     random batches of the file's characters. Medians over `rounds` blocks of `steps` steps."""
     import torch
 
     from benchmarks import peer_classic
-    from scratchlm.distributed import Dist
-    from scratchlm.model import GPT
-    from scratchlm.optim import make_optimizer
-    from scratchlm.train import _train_step, config_from_preset
+    from scratchlm.training.distributed import Dist
+    from scratchlm.model.gpt import GPT
+    from scratchlm.training.optim import make_optimizer
+    from scratchlm.training.train import _train_step, config_from_preset
 
     peer_step, vocab = peer_classic.make_step(data)
     cfg = config_from_preset("shakespeare-char", fused_loss=True)
@@ -139,8 +139,7 @@ def run(presets: tuple[str, ...] = PRESETS, repeats: int = 3, data: Path = DATA,
     import torch
 
     from benchmarks import peer_classic
-    from scratchlm import cpu
-
+    from scratchlm.machine import cpu
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"data": str(data), "goal_loss": GOAL_LOSS, "threads": threads,

@@ -5,7 +5,7 @@ only ratios carry over between runs):
 
 1. Tokens/s of a full training step (forward, backward, gradient clipping to 1.0, AdamW step,
    zero_grad) at the `smoke` shape: batch 8 x 256 tokens, vocabulary 50304, 2 layers, 4 heads,
-   width 128. Ours runs through the trainer's own step function (scratchlm.train._train_step)
+   width 128. Ours runs through the trainer's own step function (scratchlm.training.train._train_step)
    in several modes; Hugging Face's `GPT2LMHeadModel` (fp32, random weights, the same sizes, its
    default attention implementation) runs with `torch.optim.AdamW`'s defaults, at torch's
    thread count and at 1 thread; our fastest mode is judged against the faster of the two. All
@@ -37,8 +37,8 @@ from typing import Any, Callable
 
 import torch
 
-from scratchlm.config import GPTConfig
-from scratchlm.model import GPT
+from scratchlm.model.config import GPTConfig
+from scratchlm.model.gpt import GPT
 
 B, T = 8, 256  # the smoke shape's batch
 MFU_MODEL = dict(n_embd=512, n_layer=8, n_head=8, block_size=512, vocab_size=8192)
@@ -108,8 +108,8 @@ def batch(vocab: int, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Callable[[], None], GPT]:
     """One call = one optimizer step of the trainer's own step function, in `mode`."""
-    from scratchlm.distributed import Dist
-    from scratchlm.train import TrainConfig, _train_step, make_optimizer
+    from scratchlm.training.distributed import Dist
+    from scratchlm.training.train import TrainConfig, _train_step, make_optimizer
 
     dtype, fused, compiled, threads = OUR_MODES[mode]
     model = our_model(**(overrides or {}))
@@ -230,7 +230,7 @@ def matmul_peak(dtype: torch.dtype, sizes=(512, 1024, 2048), bursts: int = 5) ->
 
 
 def mfu(mode: str, repeats: int) -> dict[str, Any]:
-    from scratchlm.flops import flops_per_token
+    from scratchlm.machine.flops import flops_per_token
 
     step, model = our_step(mode, MFU_MODEL, b=MFU_BATCH)
     dtype = torch.bfloat16 if OUR_MODES[mode][0] == "bfloat16" else torch.float32

@@ -5,8 +5,8 @@ vocabulary 50304) under bfloat16 autocast, compiled, with attention forced onto 
 FlashAttention kernel, beside Hugging Face's `GPT2LMHeadModel` of the same size in the same run
 (bfloat16 autocast, its SDPA attention, compiled too, fused AdamW). Reported per model: tokens/s
 (min and median of timed blocks of steps), peak allocated GPU memory, and MFU: training FLOPs per
-token (scratchlm.flops.flops_per_token: the count `scratchlm inspect` prints) x tokens/s over the
-GPU's datasheet dense bf16 peak (scratchlm.flops.device_peak; None for a GPU not in its table; on a
+token (scratchlm.machine.flops.flops_per_token: the count `scratchlm inspect` prints) x tokens/s over the
+GPU's datasheet dense bf16 peak (scratchlm.machine.flops.device_peak; None for a GPU not in its table; on a
 CPU, the bound from its cores, clock and FLOPs per cycle).
 
     python -m benchmarks.bench_train_gpu                       # needs CUDA; says so and stops otherwise
@@ -33,8 +33,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_train_gpu.py`
 
 from benchmarks.bench_train import _SameBatch, batch  # noqa: E402  (the CPU benchmark's fixed batch)
-from scratchlm.config import GPTConfig  # noqa: E402
-from scratchlm.model import GPT  # noqa: E402
+from scratchlm.model.config import GPTConfig  # noqa: E402
+from scratchlm.model.gpt import GPT  # noqa: E402
 
 SHAPE = "gpt2-124m"
 
@@ -63,8 +63,8 @@ def _batch(vocab: int, b: int, t: int, device: torch.device) -> tuple[torch.Tens
 def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> tuple[Callable[[], Any], GPT]:
     """One call = one optimizer step of the trainer's own step function (bf16 autocast, fused
     loss, gradient clipping, fused AdamW)."""
-    from scratchlm.distributed import Dist
-    from scratchlm.train import TrainConfig, _train_step, make_optimizer
+    from scratchlm.training.distributed import Dist
+    from scratchlm.training.train import TrainConfig, _train_step, make_optimizer
 
     torch.manual_seed(0)
     model = GPT(config).to(device).train()
@@ -119,7 +119,7 @@ def time_blocks(step: Callable[[], Any], device: torch.device, steps: int, block
 
 def _measure(name: str, make: Callable, config: GPTConfig, b: int, device: torch.device, compile: bool,
              flash: bool, steps: int, blocks: int, warmup: int) -> dict[str, Any]:
-    from scratchlm.flops import device_peak, flops_per_token
+    from scratchlm.machine.flops import device_peak, flops_per_token
 
     if device.type == "cuda":
         torch.cuda.empty_cache()

@@ -54,7 +54,7 @@ def machine() -> dict[str, Any]:
     """What the figures depend on, recorded at the start of the run."""
     import torch
 
-    from scratchlm.cpu import cpu_name
+    from scratchlm.machine.cpu import cpu_name
 
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
@@ -67,8 +67,7 @@ def machine() -> dict[str, Any]:
         hf = transformers.__version__
     except ImportError:
         hf = None
-    from scratchlm import doctor
-
+    from scratchlm.machine import doctor
     return {
         "doctor": doctor.facts(measure=True),  # what `scratchlm doctor` prints: flags, bf16, kernels, probes
         "host": socket.gethostname(), "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
@@ -236,7 +235,7 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         for mode, m in r.get("memory", {}).items():
             rows.append(("train peak memory", mode, "", _num(m["growth_mb"], 0), "MB"))
         for mode, m in r.get("mfu", {}).items():
-            # not the training log's MFU (a bound, scratchlm.cpu.peak_flops_bound): a share of the best
+            # not the training log's MFU (a bound, scratchlm.machine.cpu.peak_flops_bound): a share of the best
             # matmul burst measured beside the steps, which a quiet moment can make look high
             rows.append(("train share of measured matmul peak", f"{mode} (of {m['peak_gflops']:.0f} GFLOP/s measured)",
                          _num(100 * m["mfu"]), _num(100 * m.get("mfu_median", m["mfu"])), "%"))

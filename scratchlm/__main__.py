@@ -1,5 +1,5 @@
 import sys
 
-from scratchlm.cli import main
+from scratchlm.cli.main import main
 
 sys.exit(main())

@@ -41,7 +41,7 @@ def env_switch(name: str) -> bool | None:
 
 def check_switches() -> None:
     """Refuse, before any work, a switch in SWITCHES set to something it does not take, and a
-    stated CPU clock (SCRATCHLM_CPU_MAX_GHZ, read by scratchlm.cpu.max_clock_ghz) that is not a
+    stated CPU clock (SCRATCHLM_CPU_MAX_GHZ, read by scratchlm.machine.cpu.max_clock_ghz) that is not a
     sane number of GHz."""
     for name in SWITCHES:
         env_switch(name)
@@ -49,7 +49,7 @@ def check_switches() -> None:
 
 
 def stated_clock_ghz() -> float | None:
-    """The CPU's highest clock in GHz as SCRATCHLM_CPU_MAX_GHZ states it (scratchlm.cpu's bound
+    """The CPU's highest clock in GHz as SCRATCHLM_CPU_MAX_GHZ states it (scratchlm.machine.cpu's bound
     for MFU), None where it is unset or empty; a UserError for anything but a number in 0.1..20."""
     raw = os.environ.get("SCRATCHLM_CPU_MAX_GHZ", "").strip()
     if not raw:

@@ -1,6 +1,6 @@
 """Mutation testing: change one thing in a module, run the tests that should notice, repeat.
 
-    python scripts/mutate.py sampling                 # every mutant of scratchlm/sampling.py
+    python scripts/mutate.py sampling                 # every mutant of scratchlm/generation/sampling.py
     python scripts/mutate.py model --max 60 --seed 1  # 60 of them, drawn at random
     python scripts/mutate.py generate --list          # only list the mutants
     python scripts/mutate.py --hand                   # the hand-made mutations (HAND_MUTATIONS)
@@ -40,45 +40,45 @@ REPO = Path(__file__).resolve().parents[1]
 
 MODULES: dict[str, tuple[str, list[str]]] = {
     # name: (file under scratchlm/, the tests that should notice a change to it)
-    "model": ("model.py", ["tests/test_model.py", "tests/test_reference.py"]),
-    "sampling": ("sampling.py", ["tests/test_sampling.py"]),
-    "generate": ("generate.py", ["tests/test_generate.py",
+    "model": ("model/gpt.py", ["tests/test_model.py", "tests/test_reference.py"]),
+    "sampling": ("generation/sampling.py", ["tests/test_sampling.py"]),
+    "generate": ("generation/generate.py", ["tests/test_generate.py",
                                  "tests/test_decode_step.py::test_generation_uses_it_and_keeps_greedy_tokens",
                                  "tests/test_decode_step.py::test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens"]),
-    "fused_loss": ("fused_loss.py", ["tests/test_fused_loss.py"]),
-    "train": ("train.py", ["tests/test_train.py", "tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses",
+    "fused_loss": ("model/fused_loss.py", ["tests/test_fused_loss.py"]),
+    "train": ("training/train.py", ["tests/test_train.py", "tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses",
                            "-m", "not slow"]),
     # checkpoint's writes under failure (full disk, kills, stale temp folders) are tested in test_crash
-    "checkpoint": ("checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
+    "checkpoint": ("training/checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
     "data": ("data/preparation.py", ["tests/test_data.py"]),
 }
 
 HAND_MUTATIONS = [
     # (name, file, old text, new text, tests): the mutations of issue 21, each of which passed the
     # suite once; `--hand` applies each and names the tests that now fail it
-    ("cached step fed the previous token", "generate.py",
+    ("cached step fed the previous token", "generation/generate.py",
      "return decoder.last_logits(seq[:, -1:], cache)", "return decoder.last_logits(seq[:, -2:-1], cache)",
      ["tests/test_decoding.py::test_bfloat16_cached_steps_match_the_uncached_loop",
       "tests/test_decoding.py::test_generate_text_in_bfloat16_and_on_the_command_line"]),
-    ("apply_fsdp returns the model unwrapped", "distributed.py",
+    ("apply_fsdp returns the model unwrapped", "training/distributed.py",
      "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n",
      "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n    return model\n",
      ["tests/test_distributed.py::test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint"]),
-    ("autocast a null context", "evaluation.py",
+    ("autocast a null context", "training/evaluation.py",
      "def autocast(device: torch.device, dtype: str):\n",
      "def autocast(device: torch.device, dtype: str):\n    return nullcontext()\n",
      ["tests/test_train.py::test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu"]),
-    ("activation checkpointing off", "model.py",
+    ("activation checkpointing off", "model/gpt.py",
      "if self.gradient_checkpointing and self.training", "if False and self.gradient_checkpointing and self.training",
      ["tests/test_train.py::test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu"]),
-    ("the 16-bit path's dh scaled by 0.75", "fused_loss.py",
+    ("the 16-bit path's dh scaled by 0.75", "model/fused_loss.py",
      "dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype)  # (n, C)",
      "dh[start:end] = (g @ wc[:, :C]) * w_c[:, None].to(compute_dtype) * (0.75 if compute_dtype != acc else 1.0)",
      ["tests/test_fused_loss.py::test_bf16_autocast_is_close_to_float32_on_rounded_inputs"]),
-    ("the fused-loss flag ignored", "train.py",
+    ("the fused-loss flag ignored", "training/train.py",
      "return_logits=not cfg.fused_loss", "return_logits=False",
      ["tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses"]),
-    ("generation without inference mode", "generate.py",
+    ("generation without inference mode", "generation/generate.py",
      "@torch.inference_mode()\ndef iter_tokens(", "def iter_tokens(",
      ["tests/test_generate.py::test_generation_restores_training_mode_and_needs_no_grad"]),
     ("gemv never splits its rows", "kernels/__init__.py",
@@ -91,54 +91,54 @@ HAND_MUTATIONS = [
      "#pragma omp for schedule(guided, 32)\n", "",
      ["tests/test_decode_step.py::test_every_matrix_row_is_computed_once_and_two_threads_share_them"]),
     # issue 30's survivors (each passed the suite once); a file under scripts/ is named from the repository root
-    ("beam search without inference mode", "generate.py",
+    ("beam search without inference mode", "generation/generate.py",
      "@torch.inference_mode()\ndef beam_search(", "def beam_search(",
      ["tests/test_beam_and_stop_strings.py::test_beam_search_builds_no_graph"]),
     ("kill_resume counts a kill that left no checkpoint as identical", "scripts/kill_resume.py",
      "    same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical\n",
      "    same = True\n",
      ["tests/test_kill_before_checkpoint.py::test_the_held_run_had_made_its_folder_and_nothing_more_and_is_judged_so"]),
-    ("--init_from loads the source run's AdamW state", "run.py",
+    ("--init_from loads the source run's AdamW state", "training/run.py",
      "        if self.resume_ckpt is not None:\n            self._load_training_state()\n",
      "        if self.resume_ckpt is not None:\n            self._load_training_state()\n"
      "        elif self.source is not None:\n            self.optimizer.load_state_dict(ckpt_io.load_training_state("
      "ckpt_io.resolve_checkpoint(cfg.init_from))[0][\"optimizer\"])\n",
      ["tests/test_schedule_and_saving.py::test_init_from_starts_a_fresh_adamw"]),
-    ("resume on another tokenizer: the tokenizer comparison removed", "run.py",
+    ("resume on another tokenizer: the tokenizer comparison removed", "training/run.py",
      '    elif tokenizer and (tokenizer.get("kind")', '    elif False and tokenizer and (tokenizer.get("kind")',
      ["tests/test_schedule_and_saving.py::test_a_resume_on_another_tokenizer_is_refused_and_changes_nothing"]),
-    ("--decay_steps ignored", "train.py",
+    ("--decay_steps ignored", "training/train.py",
      "end = cfg.decay_steps or cfg.max_steps", "end = cfg.max_steps",
      ["tests/test_schedule_and_saving.py::test_decay_steps_ends_the_decay_there_and_not_at_max_steps"]),
-    ("keep_last not passed when training saves", "run.py",
+    ("keep_last not passed when training saves", "training/run.py",
      "keep_last=cfg.keep_last or None", "keep_last=None",
      ["tests/test_schedule_and_saving.py::test_training_keeps_only_the_last_checkpoints_it_is_told_to"]),
-    ("prune_checkpoints deletes the checkpoint latest names", "checkpoint.py",
+    ("prune_checkpoints deletes the checkpoint latest names", "training/checkpoint.py",
      "keep = {latest_checkpoint(run_dir)}", "keep = set()",
      ["tests/test_schedule_and_saving.py::test_pruning_never_deletes_the_checkpoint_latest_names"]),
-    ("mid-run validation on the training tokens", "run.py",
+    ("mid-run validation on the training tokens", "training/run.py",
      "args = (self.model, self.val_tokens, self.cfg", "args = (self.model, self.train_tokens, self.cfg",
      ["tests/test_validation_and_windows.py::test_mid_run_validation_is_the_validation_loss_with_dropout_off"]),
-    ("mid-run validation with dropout on", "evaluation.py",
+    ("mid-run validation with dropout on", "training/evaluation.py",
      "    with eval_mode(model):\n        total = torch.zeros((), device=device)\n",
      "    with nullcontext():\n        total = torch.zeros((), device=device)\n",
      ["tests/test_validation_and_windows.py::test_mid_run_validation_is_the_validation_loss_with_dropout_off"]),
     ("random windows never start at the last position", "data/shards.py",
      "rng.integers(0, self.part - T, size=B)", "rng.integers(0, self.part - T - 1, size=B)",
      ["tests/test_validation_and_windows.py::test_random_windows_start_everywhere_the_last_start_included"]),
-    ("text cut at the last stop string instead of the first", "text_rows.py",
+    ("text cut at the last stop string instead of the first", "generation/text_rows.py",
      "self._cut = min(hits)", "self._cut = max(hits)",
      ["tests/test_beam_and_stop_strings.py::test_the_text_ends_before_the_first_stop_string_it_holds"]),
-    ("MFU not divided by the world size", "run.py",
+    ("MFU not divided by the world size", "training/run.py",
      "tok_s / self.d.world_size / self.peak", "tok_s / self.peak",
      ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
-    ("tokens per step not multiplied by the world size", "run.py",
+    ("tokens per step not multiplied by the world size", "training/run.py",
      "cfg.grad_accum * d.world_size", "cfg.grad_accum",
      ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
-    ("a saved model config missing a field loads with defaults (complete=True flipped)", "checkpoint.py",
+    ("a saved model config missing a field loads with defaults (complete=True flipped)", "training/checkpoint.py",
      'GPTConfig.from_dict(config["model"], complete=True)', 'GPTConfig.from_dict(config["model"], complete=False)',
      ["tests/test_schedule_and_saving.py::test_a_saved_model_config_missing_a_field_is_refused"]),
-    ("a saved training config missing a field resumes with defaults (complete=True flipped)", "run.py",
+    ("a saved training config missing a field resumes with defaults (complete=True flipped)", "training/run.py",
      "TrainConfig.from_dict(saved, complete=True)", "TrainConfig.from_dict(saved, complete=False)",
      ["tests/test_schedule_and_saving.py::test_a_run_whose_saved_training_config_misses_a_field_is_not_resumed"]),
     ("the playground lists a symlink to a run inside --runs", "serve/library.py",
@@ -312,7 +312,7 @@ def run_hand_mutations(workdir: Path, only: list[str] | None = None) -> bool:
     chosen = [m for m in HAND_MUTATIONS if not only or any(w.lower() in m[0].lower() for w in only)]
     if not chosen:
         raise RuntimeError(f"no hand mutation's name holds any of {only}")
-    _check_copy_is_used("sampling.py", MODULES["sampling"][1], workdir)
+    _check_copy_is_used("generation/sampling.py", MODULES["sampling"][1], workdir)
     all_killed, killed = True, 0
     for name, module_file, old, new, tests in chosen:
         source = (REPO / _repo_path(module_file)).read_text(encoding="utf-8")

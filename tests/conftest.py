@@ -65,7 +65,6 @@ def one_torch_thread():
 
 def _kernel_variants() -> list[str]:
     from scratchlm import kernels
-
     return kernels.runnable_variants()
 
 
@@ -75,7 +74,6 @@ def kernel_variant(request, monkeypatch):
     turn, as the one `cpu_kernels()` returns; yields the loaded kernels. A variant that does not
     build here is skipped with the build's reason (the package then falls back to PyTorch)."""
     from scratchlm import kernels
-
     monkeypatch.setenv("SCRATCHLM_KERNEL_VARIANT", request.param)
     loaded = kernels.cpu_kernels()
     if loaded is None:

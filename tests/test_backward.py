@@ -64,8 +64,8 @@ def test_gradient_equals_finite_differences():
 def test_adamw_steps_equal_torch(weight_decay, fused):
     """Three steps of torch.optim.AdamW on scratchlm's parameter groups (decay on matrices only)
     against adamw_step, parameter by parameter."""
-    from scratchlm.optim import make_optimizer
-    from scratchlm.train_config import TrainConfig
+    from scratchlm.training.optim import make_optimizer
+    from scratchlm.training.train_config import TrainConfig
 
     model = _perturbed_model(_config("learned", "layernorm", "gelu", "pre", False, "bias"), torch.float64)
     cfg = TrainConfig(lr=0.05, beta1=0.8, beta2=0.95, weight_decay=weight_decay)

@@ -44,7 +44,7 @@ def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
 
 def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
     """A 4-step run of a 1-layer model on a small char corpus (a checkpoint at steps 2 and 4)."""
-    from scratchlm.train import TrainConfig, train
+    from scratchlm.training.train import TrainConfig, train
 
     data = base / "text.txt"
     if not data.exists():
@@ -596,7 +596,7 @@ def test_train_reads_bad_bytes_with_errors_replace(tmp_path):
     replaced = subprocess.run([*base, "--out_dir", str(tmp_path / "b"), "--errors", "replace"], capture_output=True,
                               text=True, env=env)
     assert replaced.returncode == 0, replaced.stderr
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
 
     _, tok, _ = load_model(tmp_path / "b")
     assert "\ufffd" in tok.chars  # the bad byte became the replacement character

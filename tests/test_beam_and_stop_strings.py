@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scratchlm.config import GPTConfig
-from scratchlm.generate import beam_search
-from scratchlm.model import GPT
-from scratchlm.text_rows import TextRow
+from scratchlm.model.config import GPTConfig
+from scratchlm.generation.generate import beam_search
+from scratchlm.model.gpt import GPT
+from scratchlm.generation.text_rows import TextRow
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

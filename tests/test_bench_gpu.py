@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from benchmarks import bench_train_gpu, harness
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 

@@ -1,4 +1,4 @@
-"""One rule for a UTF-8 byte-order mark (scratchlm.text_files): at the start of a text file it is
+"""One rule for a UTF-8 byte-order mark (scratchlm.text.text_files): at the start of a text file it is
 not text, and every reader drops it; anywhere else U+FEFF is a character like any other. Each
 reader is checked on a file that starts with the BOM bytes EF BB BF: prepare and train --data
 (.txt and .jsonl), eval --data, generate --prompt-file and a prompt on stdin, tokenize from stdin,
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.cli import main
-from scratchlm.config import GPTConfig
-from scratchlm.model import GPT
-from scratchlm.tokenizer import CharTokenizer, load_tokenizer
+from scratchlm.cli.main import main
+from scratchlm.model.config import GPTConfig
+from scratchlm.model.gpt import GPT
+from scratchlm.text.tokenizer import CharTokenizer, load_tokenizer
 
 BOM_BYTES = b"\xef\xbb\xbf"  # U+FEFF in UTF-8, written out by hand
 TEXT = "ROMEO:\nBut soft, what light\n"
@@ -42,7 +42,7 @@ def checkpoint(tmp_path) -> Path:
     tok = CharTokenizer(TEXT)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.training.checkpoint import save_model_checkpoint
 
     return save_model_checkpoint(model, tok, tmp_path / "ckpt")
 
@@ -89,7 +89,7 @@ def test_tokenize_from_stdin_drops_the_bom(capsys, monkeypatch):
 
 
 def test_the_corpus_reads_a_play_file_without_the_bom(tmp_path, monkeypatch):
-    import scratchlm.corpus as corpus
+    import scratchlm.text.corpus as corpus
 
     play = tmp_path / "play.md"
     play.write_bytes(BOM_BYTES + b"**ROMEO**\n\nBut soft\n")

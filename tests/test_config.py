@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError, UserError
 
 SIZE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_inner")
@@ -184,7 +184,7 @@ def test_every_multi_word_flag_of_every_command_takes_both_spellings():
     help): parsing either gives the same namespace as the declared one."""
     import argparse
 
-    from scratchlm.cli import build_parser
+    from scratchlm.cli.main import build_parser
 
     parser = build_parser()
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices

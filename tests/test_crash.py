@@ -23,10 +23,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm import checkpoint as ck
-from scratchlm.config import GPTConfig
+from scratchlm.training import checkpoint as ck
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.model import GPT
+from scratchlm.model.gpt import GPT
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=16)
@@ -194,7 +194,7 @@ def test_a_pickle_posing_as_weights_is_refused(tmp_path):
 
 
 def test_a_pickle_in_a_hugging_face_folder_is_refused(tmp_path):
-    from scratchlm.interop import import_hf_dir
+    from scratchlm.hf.interop import import_hf_dir
 
     marker = tmp_path / f"marker-{uuid.uuid4().hex}"
     hf = tmp_path / "hf"
@@ -221,7 +221,7 @@ def test_resume_and_import_from_the_command_line_never_run_the_pickle(tmp_path):
     # as reading the training state
     (tmp_path / "ab.txt").write_text("ab ba aab bba\n" * 50)
     cfg = json.loads((ckpt / "config.json").read_text())
-    from scratchlm.train_config import TrainConfig
+    from scratchlm.training.train_config import TrainConfig
 
     cfg["train"] = TrainConfig(data=str(tmp_path / "ab.txt"), tokenizer="char", data_cache=str(tmp_path / "data"),
                                threads=1, progress="quiet").to_dict()  # complete, as a run saves it

@@ -16,7 +16,7 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.corpus import markdown_play_to_text, shakespeare_documents, shakespeare_files
+from scratchlm.text.corpus import markdown_play_to_text, shakespeare_documents, shakespeare_files
 from scratchlm.data import (
     BatchStream,
     DataConfig,
@@ -31,7 +31,7 @@ from scratchlm.data import (
     write_shard,
 )
 from scratchlm.errors import UserError
-from scratchlm.tokenizer import get_tokenizer, load_tokenizer, train_tokenizer
+from scratchlm.text.tokenizer import get_tokenizer, load_tokenizer, train_tokenizer
 
 from conftest import SHARED_DATA, needs_shared
 
@@ -480,8 +480,8 @@ def test_pad_batch_by_hand():
 
 
 def test_padded_batch_loss_equals_separate_sequences():
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=20, block_size=16, n_layer=2, n_head=2, n_embd=16)).eval()
@@ -581,7 +581,7 @@ def _check_bad_input_result(name: str, code: int, stderr: str, before: dict, d: 
 
 @pytest.mark.parametrize("name", list(BAD_INPUTS))
 def test_bad_input_gives_one_error_line_and_touches_nothing(tmp_path, capsys, monkeypatch, name):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))
     d = tmp_path / "case"

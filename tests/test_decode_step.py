@@ -13,11 +13,11 @@ import pytest
 import torch
 
 from scratchlm import kernels
-from scratchlm.config import GPTConfig
-from scratchlm.decoding import Decoder, decoding_model, decoder_for
-from scratchlm.generate import generate_ids
+from scratchlm.model.config import GPTConfig
+from scratchlm.generation.decoding import Decoder, decoding_model, decoder_for
+from scratchlm.generation.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
-from scratchlm.model import GPT, KVCache
+from scratchlm.model.gpt import GPT, KVCache
 
 from test_decoding import _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
 
@@ -260,8 +260,7 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
 def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
-    from scratchlm import generate as gen
-
+    from scratchlm.generation import generate as gen
     model = _model(5, **FUSED_VARIANTS["gpt2"])
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
@@ -319,7 +318,7 @@ def test_a_prompt_of_more_rows_goes_in_pieces_and_matches_the_model(kernel_varia
 def test_greedy_steps_in_one_call_equal_one_step_at_a_time(kernel_variant, name, dtype, batch):
     """step.greedy(last, n, cache) against n rounds of step(last, cache) and NumPy's argmax
     (greedy_ids) on a copy of the cache: the same ids, logits and cache contents."""
-    from scratchlm.sampling import greedy_ids
+    from scratchlm.generation.sampling import greedy_ids
 
     model = _model(11, **FUSED_VARIANTS[name])
     step = Decoder.build(model, dtype).step
@@ -347,7 +346,7 @@ def test_greedy_takes_the_first_of_equal_maxima_and_the_first_nan():
     """Rows 3 and 7 of the head equal, with the largest bias: every step's top two scores are
     exactly equal, and the lower id wins (as torch.argmax and NumPy's do). With NaN rows 5 and 9
     the first NaN wins (NumPy's rule, which greedy_ids follows)."""
-    from scratchlm.sampling import greedy_ids
+    from scratchlm.generation.sampling import greedy_ids
 
     model = _model(12, **{**FUSED_VARIANTS["gpt2"], "tie_weights": False, "lm_head_bias": True})
     with torch.no_grad():
@@ -381,8 +380,7 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     chunk stays within GREEDY_LATENCY, the last ending at the context's edge, where the window
     starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
     all the way. A step slower than the latency budget allows goes one per call."""
-    from scratchlm import generate as gen
-
+    from scratchlm.generation import generate as gen
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")

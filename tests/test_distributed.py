@@ -12,8 +12,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from scratchlm import checkpoint as ck
-
+from scratchlm.training import checkpoint as ck
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="this torch has no gloo backend"),

@@ -128,3 +128,24 @@ def test_the_checker_finds_a_missing_file_and_a_missing_heading(tmp_path: Path):
         "other.md#not-a-heading: no heading with that anchor in other.md",
         "also-missing.md: no such file",
     ]
+
+
+def _readme_folders() -> dict[str, str]:
+    """The README's map of the code: each `  name/   what` line under `scratchlm/`."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text[text.index("```\nscratchlm/\n"):]
+    block = block[:block.index("\n```")]
+    return dict(re.findall(r"^  (\w+)/\s+(.+)$", block, re.M))
+
+
+def _stations_folders(path: Path) -> dict[str, str]:
+    text = path.read_text(encoding="utf-8")
+    return dict(re.findall(r"^\| `scratchlm/(\w+)/` \| (.+?) \|$", text, re.M))
+
+
+def test_the_code_map_and_the_stations_page_list_the_same_folders_as_the_package():
+    on_disk = {p.name for p in (ROOT / "scratchlm").iterdir() if (p / "__init__.py").is_file()}
+    readme = _readme_folders()
+    assert set(readme) == on_disk, f"README map {sorted(readme)} vs package {sorted(on_disk)}"
+    assert _stations_folders(ROOT / "docs" / "stations.md") == readme  # same words, same folders
+    assert set(_stations_folders(ROOT / "docs" / "zh" / "stations.md")) == on_disk

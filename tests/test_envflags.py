@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from scratchlm import cpu
+from scratchlm.machine import cpu
 from scratchlm.envflags import SWITCHES, env_switch
 from scratchlm.errors import UserError
 

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from conftest import shared_file
-from scratchlm.cli import main
+from scratchlm.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -165,7 +165,7 @@ def test_b_where_the_norm_sits(capsys):
 def _val_loss(run_dir: Path, text: str) -> float:
     """Mean next-token cross-entropy over the last 10% of the run's token stream (BOS + text),
     in windows of 32 that do not overlap, from the logits and a log-softmax computed here."""
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
 
     model, tokenizer, _ = load_model(run_dir)
     stream = [tokenizer.bos_id] + tokenizer.encode(text)
@@ -191,7 +191,7 @@ def test_b_post_norm_stalls_at_letter_frequencies_without_warmup(capsys, tmp_pat
     letter-frequency baseline) and the post-norm one gets no more than 0.25 under it; 100 warmup
     steps rescue post-norm. The validation loss is recomputed here from the saved weights. Bugs
     caught: --norm_position not reaching the model (both runs alike), warmup not applied."""
-    from scratchlm.corpus import shakespeare_documents
+    from scratchlm.text.corpus import shakespeare_documents
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))
@@ -234,8 +234,8 @@ def test_c_untying_adds_exactly_v_times_c(capsys):
     assert untied["total"] - tied["total"] == V * C == 38_597_376
     assert tied["seed_estimate"] == untied["seed_estimate"] == 12 * N * C**2 + 2 * V * C == 162_129_408
 
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
 
     for tie, shown in ((True, tied), (False, untied)):
         with torch.device("meta"):  # shapes only: nothing is allocated
@@ -289,7 +289,7 @@ def test_d_a_tiny_model_memorises_one_sentence_and_never_sees_the_future(capsys,
     first = float(re.search(r"step 1/300: loss (\S+),", out).group(1))
     assert abs(first - math.log(V)) < 0.1, first
 
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
 
     model, tokenizer, _ = load_model(tmp_path / "runs" / "one")
     floor = loss_floor(SENTENCE, 32)
@@ -337,8 +337,8 @@ def test_e_the_poem_walkthrough_and_why_c_2_starves_the_gradients(capsys):
     thousand times smaller than lm_head's, the last position's equal to that formula; with C = 4
     it is not. AdamW's first step still moves each such weight by lr. Bugs caught: a wrong norm,
     a wrong backward through it, an AdamW step that scales with the gradient."""
-    from scratchlm.config import GPTConfig
-    from scratchlm.walkthrough import walkthrough_model
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.inside.walkthrough import walkthrough_model
 
     text = run(capsys, EXPERIMENTS, POEM)
     assert "input ids: [0, 1, 2]" in text and "targets 1 前, 2 明, 3 月" in text
@@ -406,10 +406,10 @@ def answered(*numbers: str) -> None:
             assert number in text, f"{doc.relative_to(ROOT)} does not give {number}"
 
 
-TEMPERATURE = ('python -c "import torch; from scratchlm.sampling import apply_temperature; '
+TEMPERATURE = ('python -c "import torch; from scratchlm.generation.sampling import apply_temperature; '
                'l = torch.tensor([[1.3, 0, -1.3, -0.9, -0.5]]); '
                '[print(t, torch.softmax(apply_temperature(l, t), -1)) for t in (1, 0.5, 2)]"')
-FILTERS = ('python -c "import torch; from scratchlm.sampling import top_k_filter, top_p_filter; '
+FILTERS = ('python -c "import torch; from scratchlm.generation.sampling import top_k_filter, top_p_filter; '
            'l = torch.tensor([[1.3, 0, -1.3, -0.9, -0.5]]); '
            'print(torch.softmax(top_k_filter(l, 2), -1)); print(top_p_filter(l, 0.75)); print(top_p_filter(l, 0.8))"')
 INIT_LOSS = ("scratchlm train --data one.txt --tokenizer char --out_dir runs/init --max_steps 1 --eval_interval 0 "
@@ -457,7 +457,7 @@ def test_every_numeric_exercise_answer_matches_its_command(capsys, tmp_path, mon
     assert np.allclose(walk(capsys, EXERCISES, POEM_FORWARD)["stations"]["logits"][2], last, rtol=0, atol=1e-4)
     for doc in EXERCISES:
         assert {TEMPERATURE, FILTERS} <= doc_commands(doc), doc
-    from scratchlm.sampling import apply_temperature, top_k_filter, top_p_filter
+    from scratchlm.generation.sampling import apply_temperature, top_k_filter, top_p_filter
 
     logits = torch.tensor([last], dtype=torch.float64)
     for t, top in ((1, "0.6162"), (0.5, "0.8933"), (2, "0.3946")):

@@ -42,7 +42,7 @@ def test_a_finished_write_replaces_whole_with_the_usual_permissions(tmp_path):
 def test_pictures_are_written_whole_and_readable_by_others(tmp_path):
     import numpy as np
 
-    from scratchlm.attention_maps import attention_figure, save_figure
+    from scratchlm.inside.attention_maps import attention_figure, save_figure
 
     old = os.umask(0o022)
     try:

@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.config import GPTConfig
-from scratchlm.fused_loss import linear_cross_entropy
-from scratchlm.model import GPT
+from scratchlm.model.config import GPTConfig
+from scratchlm.model.fused_loss import linear_cross_entropy
+from scratchlm.model.gpt import GPT
 
 
 def _inputs(N=37, C=12, V=53, dtype=torch.float32, bias=True, seed=0):
@@ -109,8 +109,7 @@ TINY = dict(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16)
     ("smoke", {"tie_weights": True}),  # tied with a bias
 ])
 def test_model_loss_only_matches_logits_path(preset, extra, monkeypatch):
-    from scratchlm import model as model_module
-
+    from scratchlm.model import gpt as model_module
     monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", 0)  # the fused path at this tiny size
     calls = []
     fused_fn = model_module.linear_cross_entropy
@@ -135,8 +134,7 @@ def test_model_loss_only_matches_logits_path(preset, extra, monkeypatch):
 def test_the_fused_path_is_taken_from_the_threshold_on(threshold, fused, monkeypatch):
     """return_logits=False takes the chunked path from FUSED_LOSS_MIN_SCORES scores (rows x V) on
     and the plain one below; both give the loss of the logits' cross-entropy."""
-    from scratchlm import model as model_module
-
+    from scratchlm.model import gpt as model_module
     monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", threshold)
     calls = []
     fused_fn = model_module.linear_cross_entropy
@@ -154,8 +152,8 @@ def test_the_default_threshold_sends_characters_plain_and_bpe_fused():
     """The rule as documented: the shakespeare-char preset's micro-batch, with any vocabulary of
     up to 256 characters, on the plain path; the smoke preset's with an 8192-token BPE
     vocabulary, and the smoke shape with GPT-2's, on the fused one."""
-    from scratchlm.model import FUSED_LOSS_MIN_SCORES
-    from scratchlm.train import config_from_preset
+    from scratchlm.model.gpt import FUSED_LOSS_MIN_SCORES
+    from scratchlm.training.train import config_from_preset
 
     char, smoke = config_from_preset("shakespeare-char"), config_from_preset("smoke")
     assert char.batch_size * char.model_config(256).block_size * 256 < FUSED_LOSS_MIN_SCORES
@@ -170,14 +168,13 @@ def test_loss_only_needs_targets():
 
 
 def test_training_with_and_without_fused_loss_gives_the_same_losses(tmp_path, monkeypatch):
-    from scratchlm.train import TrainConfig, train
+    from scratchlm.training.train import TrainConfig, train
 
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))  # the CPU FLOP probe's file
     words = "the king speaks to the queen of night and day".split()
     (tmp_path / "text.txt").write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(60)) + "\n")
     threads = torch.get_num_threads()
-    from scratchlm import model as model_module
-
+    from scratchlm.model import gpt as model_module
     calls = {True: 0, False: 0}
     current = [None]
     fused_fn = model_module.linear_cross_entropy
@@ -212,7 +209,7 @@ def test_training_with_and_without_fused_loss_gives_the_same_losses(tmp_path, mo
 
 
 def test_autocast_decides_the_compute_dtype():
-    from scratchlm.fused_loss import _compute_dtype
+    from scratchlm.model.fused_loss import _compute_dtype
 
     h, w, b, y = _inputs(N=40, C=16, V=70)
     assert _compute_dtype(h) == torch.float32 and _compute_dtype(h.double()) == torch.float64

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.data import DTYPES, HEADER, MAGIC, read_shard, write_shard
 from scratchlm.errors import UserError
-from scratchlm.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
-from scratchlm.train_config import TrainConfig, cli_fields
+from scratchlm.text.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
+from scratchlm.training.train_config import TrainConfig, cli_fields
 
 from conftest import SHARED_DATA, shared_file
 
@@ -206,7 +206,7 @@ FLAGS = st.lists(st.sampled_from(CLI_FIELDS).flatmap(
 @settings(max_examples=150, **FUZZ)
 @given(flags=FLAGS, preset=st.sampled_from([[], ["--preset", "smoke"], ["--preset", "gpt2-124m"]]))
 def test_train_flag_parser_gives_a_config_or_one_error_line(flags, preset):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     argv = ["train", *preset, *[part for flag, value in flags for part in (flag, value)], "--show-config"]
     out, err = io.StringIO(), io.StringIO()

@@ -10,10 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.generate import IncrementalText, beam_search, generate, generate_ids, iter_tokens, stream
-from scratchlm.model import GPT
+from scratchlm.generation.generate import IncrementalText, beam_search, generate, generate_ids, iter_tokens, stream
+from scratchlm.model.gpt import GPT
 
 from conftest import shared_file
 
@@ -295,7 +295,7 @@ def test_stream_tokens_gives_every_token_its_scores_and_the_texts_join_to_genera
     """Each TokenStep's id is generate's next id (an end-of-text id included, with no text), its
     logits are the plain forward pass's at that position, and the texts, the final flush
     included, join to generate's text; with a stop string the last step says why it ended."""
-    from scratchlm.generate import stream_tokens
+    from scratchlm.generation.generate import stream_tokens
 
     tok = ByteTokenizer()
     model = _model(seed=13, vocab_size=258)
@@ -325,7 +325,7 @@ def test_stream_tokens_says_the_prompt_before_the_first_step_and_warns_of_a_crop
     event reads them rather than encoding the prompt a second time)."""
     import warnings
 
-    from scratchlm.generate import stream_tokens
+    from scratchlm.generation.generate import stream_tokens
 
     tok = ByteTokenizer()
     model = _model(seed=13, vocab_size=258)
@@ -382,7 +382,7 @@ def test_stream_prints_multibyte_text_whole_from_a_model_that_learned_it():
 
 @pytest.mark.parametrize("kind", ["bpe", "gpt2"])
 def test_real_tokenizers_stream_whole_characters(kind):
-    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    tokenizer_module = pytest.importorskip("scratchlm.text.tokenizer")
     if kind == "bpe":  # trained on ASCII only, so every non-ASCII character is split into bytes
         tok = tokenizer_module.train_tokenizer("bpe", ["the quick brown fox jumps over the lazy dog"] * 20, 300)
     else:
@@ -399,7 +399,7 @@ def test_real_tokenizers_stream_whole_characters(kind):
 
 
 def test_unknown_characters_for_a_char_tokenizer_are_a_clear_error():
-    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    tokenizer_module = pytest.importorskip("scratchlm.text.tokenizer")
     tok = tokenizer_module.CharTokenizer("abc ")
     model = _model(vocab_size=tok.vocab_size)
     with pytest.raises(UserError, match="'x'"):
@@ -413,8 +413,8 @@ def test_unknown_characters_for_a_char_tokenizer_are_a_clear_error():
 
 @pytest.fixture
 def char_checkpoint(tmp_path):
-    checkpoint = pytest.importorskip("scratchlm.checkpoint")
-    tokenizer_module = pytest.importorskip("scratchlm.tokenizer")
+    checkpoint = pytest.importorskip("scratchlm.training.checkpoint")
+    tokenizer_module = pytest.importorskip("scratchlm.text.tokenizer")
     tok = tokenizer_module.CharTokenizer("abcdefgh \n")
     model = _model(seed=23, vocab_size=tok.vocab_size)  # a seed whose greedy text varies
     with torch.no_grad():
@@ -424,7 +424,7 @@ def char_checkpoint(tmp_path):
 
 
 def _cli(argv, capsys):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     code = main(argv)
     captured = capsys.readouterr()
@@ -662,7 +662,7 @@ def test_the_crop_warning_points_at_the_callers_line():
 def test_generate_warns_of_flags_that_change_nothing(flags, words):
     """One warning line naming each flag the chosen decoding cannot use (not an error: the text
     is still what was asked for), and none where every flag counts."""
-    from scratchlm.cli import build_parser, ignored_generate_flags
+    from scratchlm.cli.main import build_parser, ignored_generate_flags
 
     args = build_parser().parse_args(["generate", "--checkpoint", "run", *flags])
     warning = ignored_generate_flags(args)
@@ -692,9 +692,9 @@ def test_generated_text_leaves_special_tokens_out_as_the_exported_model_does(tmp
     CLI print what transformers prints for the exported model, decode(skip_special_tokens=True)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.interop import export_hf
-    from scratchlm.tokenizer import BOS, CharTokenizer
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.hf.interop import export_hf
+    from scratchlm.text.tokenizer import BOS, CharTokenizer
 
     tok = CharTokenizer("abcd ")
     model = _bos_choosing_model(tok)
@@ -719,9 +719,9 @@ def test_generated_text_leaves_special_tokens_out_as_the_exported_model_does(tmp
 def test_bpe_text_rows_leave_special_tokens_out_as_transformers_decode_does(tmp_path):
     from transformers import AutoTokenizer
 
-    from scratchlm.interop import export_hf
-    from scratchlm.text_rows import TextRow
-    from scratchlm.tokenizer import train_tokenizer
+    from scratchlm.hf.interop import export_hf
+    from scratchlm.generation.text_rows import TextRow
+    from scratchlm.text.tokenizer import train_tokenizer
 
     tok = train_tokenizer("bpe", ["héllo wörld, 猫 and more words " * 20], vocab_size=300)
     export_hf(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)),

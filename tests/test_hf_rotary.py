@@ -1,4 +1,4 @@
-"""Rotary models exported to Hugging Face (scratchlm.hf_rotary): GPT-NeoX for RoPE + LayerNorm +
+"""Rotary models exported to Hugging Face (scratchlm.hf.hf_rotary): GPT-NeoX for RoPE + LayerNorm +
 GELU/ReLU, Llama for RoPE + RMSNorm + SwiGLU. The exported folder is loaded offline by
 transformers' own classes and must give the same logits (1e-4) and the same greedy tokens."""
 
@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.generate import generate_ids
-from scratchlm.hf_rotary import architecture
-from scratchlm.interop import export_hf
-from scratchlm.model import GPT
+from scratchlm.generation.generate import generate_ids
+from scratchlm.hf.hf_rotary import architecture
+from scratchlm.hf.interop import export_hf
+from scratchlm.model.gpt import GPT
 
 transformers = pytest.importorskip("transformers")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -105,8 +105,8 @@ def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greed
     caps prompt plus continuation at the context (transformers' own default of 20 new tokens ran
     past it) and asks for greedy decoding; a pad token lets it batch. The text equals scratchlm's
     greedy continuation of the same length."""
-    from scratchlm.generate import generate
-    from scratchlm.tokenizer import train_tokenizer
+    from scratchlm.generation.generate import generate
+    from scratchlm.text.tokenizer import train_tokenizer
 
     text = ["the king speaks to the queen of the night and the day"] * 30
     tok = train_tokenizer("bpe", text, 300) if kind == "bpe" else train_tokenizer("char", text)
@@ -124,7 +124,7 @@ def test_a_pipeline_with_default_arguments_continues_as_scratchlm_generate_greed
 
 @pytest.mark.parametrize("name", CASES)
 def test_import_hf_reads_the_export_back(tmp_path, name):
-    from scratchlm.interop import import_hf_dir
+    from scratchlm.hf.interop import import_hf_dir
 
     model = _model(6, **CASES[name])
     export_hf(model, tmp_path / "hf")
@@ -150,7 +150,7 @@ def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
         for p in hf.parameters():
             p.add_(torch.randn_like(p) * 0.05)
     hf.eval().save_pretrained(tmp_path / "hf")
-    from scratchlm.interop import import_hf_dir
+    from scratchlm.hf.interop import import_hf_dir
 
     model = import_hf_dir(tmp_path / "hf")
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
@@ -164,7 +164,7 @@ def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
     ("llama", dict(num_key_value_heads=2), "num_key_value_heads"),
 ])
 def test_import_hf_refuses_what_scratchlm_does_not_compute(arch, change, field):
-    from scratchlm.hf_rotary import config_from_hf
+    from scratchlm.hf.hf_rotary import config_from_hf
 
     hf = {**dict(model_type=arch, vocab_size=50, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
                  intermediate_size=48, max_position_embeddings=32, use_parallel_residual=False), **change}

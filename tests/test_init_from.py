@@ -1,7 +1,7 @@
 """`train --init_from`: a new run that starts from a trained model (a scratchlm run, or a Hugging
 Face folder as export-hf writes it), keeps its architecture and tokenizer, and trains on new data
 with a fresh optimizer. The weights really come along: the first step's loss is the source's
-loss on that same batch, scored here with scratchlm.scoring; and a fine-tune resumes exactly."""
+loss on that same batch, scored here with scratchlm.training.scoring; and a fine-tune resumes exactly."""
 
 from __future__ import annotations
 
@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.checkpoint import load_model
+from scratchlm.training.checkpoint import load_model
 from scratchlm.errors import UserError
-from scratchlm.scoring import score_ids
-from scratchlm.train import TrainConfig, train
+from scratchlm.training.scoring import score_ids
+from scratchlm.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,8 +54,8 @@ def _first_batch_loss(model, run_dir: Path, cfg: TrainConfig) -> float:
     """The loss of `model` on the first training batch of the run in run_dir, as scratchlm eval
     scores it: each row of the batch is one window of block_size + 1 ids, every target scored."""
     from scratchlm.data import read_shard
-    from scratchlm.distributed import Dist
-    from scratchlm.evaluation import RankBatches
+    from scratchlm.training.distributed import Dist
+    from scratchlm.training.evaluation import RankBatches
 
     start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     tokens = read_shard(Path(start["data_dir"]) / "train.bin")
@@ -85,7 +85,7 @@ def test_a_fine_tune_resumes_exactly(tmp_path, source):
     data = _text(tmp_path / "b.txt", 2)
     whole = train(_config(tmp_path, "whole", data, init_from=str(source), max_steps=4, model_overrides={}))
     train(_config(tmp_path, "split", data, init_from=str(source), max_steps=2, model_overrides={}))
-    from scratchlm.run import resume_config
+    from scratchlm.training.run import resume_config
 
     again = train(resume_config(tmp_path / "split", max_steps=4))
     assert again.losses == {s: whole.losses[s] for s in (3, 4)}
@@ -104,7 +104,7 @@ def test_a_fine_tune_resumes_exactly(tmp_path, source):
 def test_init_from_a_hugging_face_folder(tmp_path, arch, layout):
     """A bpe run exported with export-hf (weights and tokenizer.json) as GPT-2, GPT-NeoX or Llama,
     then trained on from there."""
-    from scratchlm.interop import export_hf
+    from scratchlm.hf.interop import export_hf
 
     run = tmp_path / "bpe-run"
     train(_config(tmp_path, "bpe-run", _text(tmp_path / "a.txt", 3), tokenizer="bpe", vocab_size=300, max_steps=4,
@@ -143,7 +143,7 @@ def test_init_from_refuses_what_cannot_work(tmp_path, source):
 def test_init_from_refuses_tokenizer_flags_as_it_refuses_model_flags(flags):
     """The source's tokenizer is the run's (its ids are what the weights learned): a tokenizer flag
     given with --init_from is refused, one line naming it, as --n_layer is; none given is fine."""
-    from scratchlm.train import config_from_preset
+    from scratchlm.training.train import config_from_preset
 
     with pytest.raises(UserError, match="--init_from keeps the tokenizer") as info:
         config_from_preset("shakespeare-char", init_from="some-run", **flags)
@@ -154,11 +154,11 @@ def test_init_from_refuses_tokenizer_flags_as_it_refuses_model_flags(flags):
 def test_a_hugging_face_folders_changed_tokenizer_is_read_afresh(tmp_path):
     """The cached copy of a Hugging Face folder's tokenizer follows the file: renumber the ids in
     tokenizer.json and the next --init_from reads the new ids, never the copy of the old ones."""
-    from scratchlm.config import GPTConfig
-    from scratchlm.interop import export_hf
-    from scratchlm.model import GPT
-    from scratchlm.sources import load_source
-    from scratchlm.tokenizer import CharTokenizer, load_tokenizer
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.hf.interop import export_hf
+    from scratchlm.model.gpt import GPT
+    from scratchlm.training.sources import load_source
+    from scratchlm.text.tokenizer import CharTokenizer, load_tokenizer
 
     tok = CharTokenizer("abc ")
     export_hf(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=2, n_embd=16)), tmp_path / "hf",

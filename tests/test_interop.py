@@ -18,16 +18,16 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.interop import (
+from scratchlm.hf.interop import (
     export_hf,
     gpt_config_from_hf,
     gpt_from_hf,
     import_hf_dir,
     import_hf_tokenizer,
 )
-from scratchlm.model import GPT
+from scratchlm.model.gpt import GPT
 
 from conftest import SHARED_DATA, needs_shared
 
@@ -352,7 +352,7 @@ TEXTS = [
 
 
 def test_bpe_tokenizer_exports_for_autotokenizer(tmp_path):
-    from scratchlm.tokenizer import train_tokenizer
+    from scratchlm.text.tokenizer import train_tokenizer
 
     corpus = ["the quick brown fox jumps over the lazy dog. " * 20, "tokenizers learn merges from text. " * 20]
     tok = train_tokenizer("bpe", corpus, vocab_size=300)
@@ -372,7 +372,7 @@ def test_bpe_tokenizer_exports_for_autotokenizer(tmp_path):
 
 
 def _char_export(tmp_path, text: str, unk: bool = False):
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer(set(text), unk=unk)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
@@ -392,7 +392,7 @@ def test_char_tokenizer_exports_for_autotokenizer(tmp_path):
         assert hf.decode(tok.encode(piece)) == tok.decode(tok.encode(piece))
     assert hf.bos_token_id == tok.bos_id and hf.eos_token_id == tok.eos_id and hf.pad_token_id == tok.eos_id
     assert hf.decode([tok.bos_id, *tok.encode("ROMEO"), tok.eos_id]) == tok.decode([tok.bos_id, *tok.encode("ROMEO"), tok.eos_id])
-    from scratchlm.interop import import_hf_tokenizer
+    from scratchlm.hf.interop import import_hf_tokenizer
 
     back = import_hf_tokenizer(tmp_path / "out")
     assert back.kind == "char" and back.chars == tok.chars and back.encode(text) == tok.encode(text)
@@ -414,7 +414,7 @@ def test_char_tokenizer_export_round_trips_300k_characters(tmp_path):
 @pytest.mark.slow
 @needs_shared("gpt2/gpt2.tiktoken")
 def test_gpt2_tokenizer_exports_for_autotokenizer(tmp_path):
-    from scratchlm.tokenizer import GPT2Tokenizer
+    from scratchlm.text.tokenizer import GPT2Tokenizer
 
     tok = GPT2Tokenizer.from_rank_file(GPT2_RANK_FILE)
     model = random_ours(GPTConfig(vocab_size=50257, block_size=32, n_layer=1, n_head=2, n_embd=8,
@@ -442,7 +442,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_export_and_import(tmp_path):
-    from scratchlm.checkpoint import load_model, save_model_checkpoint
+    from scratchlm.training.checkpoint import load_model, save_model_checkpoint
 
     # export-hf: a checkpoint -> a directory transformers loads
     cfg = GPTConfig(vocab_size=97, block_size=48, n_layer=2, n_head=4, n_embd=32)
@@ -465,7 +465,7 @@ def test_cli_export_and_import(tmp_path):
 
 
 def test_cli_refusals_are_one_error_line(tmp_path):
-    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.training.checkpoint import save_model_checkpoint
 
     post = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, norm_position="post"))
     save_model_checkpoint(post, None, tmp_path / "ckpt")
@@ -506,7 +506,7 @@ def _renumbered_char_export(tmp_path: Path, seed: int, drop: str = "") -> Path:
 
 @pytest.mark.parametrize("drop", ["", "Rbw"], ids=["permuted", "permuted-with-3-gaps"])
 def test_import_hf_keeps_a_char_tokenizers_ids_as_transformers_reads_them(tmp_path, drop):
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
 
     hf_dir = _renumbered_char_export(tmp_path, seed=3, drop=drop)
     hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)

@@ -16,12 +16,12 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from scratchlm import attention_maps as amaps
-from scratchlm import introspect as ins
-from scratchlm import walkthrough as walk
-from scratchlm.cli import main
-from scratchlm.config import GPTConfig
-from scratchlm.model import GPT
+from scratchlm.inside import attention_maps as amaps
+from scratchlm.inside import introspect as ins
+from scratchlm.inside import walkthrough as walk
+from scratchlm.cli.main import main
+from scratchlm.model.config import GPTConfig
+from scratchlm.model.gpt import GPT
 
 TINY = dict(vocab_size=23, block_size=12, n_layer=2, n_head=2, n_embd=8)
 
@@ -64,7 +64,7 @@ def test_inspect_smoke_text_and_json_agree(capsys):
 
 
 def test_inspect_checkpoint_reads_the_saved_model(tmp_path, capsys):
-    from scratchlm.checkpoint import save_model_checkpoint
+    from scratchlm.training.checkpoint import save_model_checkpoint
 
     model = _model(activation="swiglu")
     save_model_checkpoint(model, None, tmp_path / "ckpt")
@@ -343,8 +343,8 @@ def test_explicit_attention_weights_are_causal_distributions_and_reproduce_sdpa(
 
 
 def _char_checkpoint(tmp_path, text: str, **overrides):
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer.train([text])
     model = _model(**{**dict(vocab_size=tok.vocab_size, block_size=16), **overrides})
@@ -407,7 +407,7 @@ def _draw_without_missing_glyphs(tok, prompt: str, out: Path) -> tuple[list[str]
 def test_a_mixed_english_chinese_prompt_draws_every_label(tmp_path):
     """"The cat 爱 the mat。": Latin letters and ␣ from DejaVu Sans, 爱 and 。 from a CJK font, each
     character drawn by the first family of the list that has it (fontconfig says which have it)."""
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.text.tokenizer import CharTokenizer
 
     prompt = "The cat 爱 the mat。"
     tok = CharTokenizer.train([prompt])
@@ -429,7 +429,7 @@ def test_a_mixed_english_chinese_prompt_draws_every_label(tmp_path):
 
 @needs_cjk_font
 def test_a_byte_bpe_prompt_labels_whole_characters(tmp_path):
-    from scratchlm.tokenizer import train_tokenizer
+    from scratchlm.text.tokenizer import train_tokenizer
 
     prompt = "The cat 爱 the mat。"
     tok = train_tokenizer("bpe", ["The cat sat on the mat."] * 5, 270)  # no merges for 爱: three byte tokens
@@ -459,7 +459,7 @@ def test_missing_font_falls_back_with_one_warning(tmp_path, monkeypatch):
 def test_walkthrough_size_is_known_before_it_is_computed(overrides):
     """printed_size (which the CLI checks before any work) gives the lines format_walkthrough
     prints and the widest row's numbers, from the config alone; counted here on the output."""
-    from scratchlm.walkthrough import printed_size, walkthrough_of, format_walkthrough
+    from scratchlm.inside.walkthrough import printed_size, walkthrough_of, format_walkthrough
 
     cfg = GPTConfig.from_name("hand", **overrides)
     torch.manual_seed(0)

@@ -12,7 +12,6 @@ import pytest
 import torch
 
 from scratchlm import kernels
-
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
 KERNEL = kernels.cpu_kernels()
@@ -54,8 +53,7 @@ def test_gemv_matches_a_float64_matmul(kernel_variant, rows, n_out, k, with_bias
 def test_each_variant_builds_the_loop_it_names(kernel_variant):
     """Which loop of bf16_dot.h each variant compiles, and how it rounds: the fixed x86 levels by
     their instruction sets; "native" by what this CPU has (AVX512-BF16 unless switched off)."""
-    from scratchlm import cpu
-
+    from scratchlm.machine import cpu
     expected = {"x86-64-v4": "avx512f", "x86-64-v3": "avx2", "x86-64-v2": "portable", "scalar": "portable"}
     if kernel_variant.variant == "native":
         if cpu.native_bf16() and cpu.is_x86():
@@ -137,7 +135,8 @@ def _environment(**env: str) -> dict[str, str]:
 
 
 def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
-    code = ("from scratchlm import decoding, kernels\n"
+    code = ("from scratchlm import kernels\n"
+            "from scratchlm.generation import decoding\n"
             "import torch\n"
             "print(kernels.kernel_status())\n"
             "print(decoding._default_layout(torch.bfloat16))\n")
@@ -195,8 +194,7 @@ def test_an_unknown_variant_falls_back_with_one_line(tmp_path):
 def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):
     """Running a library built for instructions the CPU lacks would crash the process (SIGILL):
     such a variant is refused before the compiler is called."""
-    from scratchlm import cpu
-
+    from scratchlm.machine import cpu
     monkeypatch.delenv("SCRATCHLM_NO_KERNELS", raising=False)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse4_2", "ssse3", "popcnt", "cx16"}))
     monkeypatch.setattr(cpu, "is_x86", lambda: True)

@@ -1,4 +1,4 @@
-"""Sizes before memory (scratchlm.memory): one estimate of parameter, activation, KV-cache and
+"""Sizes before memory (scratchlm.machine.memory): one estimate of parameter, activation, KV-cache and
 output bytes, checked against an independent count of real tensors, and used by every command
 that builds a model or a batch, before anything is allocated: one error line naming the size and
 what to lower, exit 2, nothing written."""
@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm import cli, memory
-from scratchlm.config import GPTConfig
-from scratchlm.introspect import memory_estimate
-from scratchlm.memory import footprint
-from scratchlm.model import GPT, KVCache
+from scratchlm.cli import main as cli
+from scratchlm.machine import memory
+from scratchlm.model.config import GPTConfig
+from scratchlm.inside.introspect import memory_estimate
+from scratchlm.machine.memory import footprint
+from scratchlm.model.gpt import GPT, KVCache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -154,8 +155,7 @@ def _commands(b: Path, out: Path) -> dict[str, tuple[list[str], list[str], str]]
 def test_attention_maps_refuse_a_prompt_whose_maps_do_not_fit(base, tmp_path, monkeypatch, capsys):
     """Every layer's (T, T) weights for a 15-token prompt (about 20 KB here) against 8 KB free; 3
     tokens (about 3 KB) fit. The model's own load is checked elsewhere (load_model), off here."""
-    from scratchlm import checkpoint
-
+    from scratchlm.training import checkpoint
     monkeypatch.setattr(checkpoint, "check_model_fits", lambda *args, **kwargs: None)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 8_000)
     argv = ["attention", "--checkpoint", str(base / "run"), "--out"]

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn as nn
 
-from scratchlm.config import GPTConfig
-from scratchlm.introspect import shape_trace
-from scratchlm.model import GPT, KVCache
+from scratchlm.model.config import GPTConfig
+from scratchlm.inside.introspect import shape_trace
+from scratchlm.model.gpt import GPT, KVCache
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")
 NORMS = ("layernorm", "rmsnorm")
@@ -403,7 +403,7 @@ def test_training_path_loss_equals_cross_entropy_of_the_logits():
 
 
 def test_eval_mode_switches_dropout_off_and_restores_the_mode():
-    from scratchlm.model import eval_mode
+    from scratchlm.model.gpt import eval_mode
 
     model = GPT(tiny(dropout=0.5)).train()
     idx = torch.randint(0, 13, (1, 8), generator=torch.Generator().manual_seed(1))

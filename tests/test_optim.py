@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from scratchlm import checkpoint as ck
-from scratchlm.cli import main as cli_main
+from scratchlm.training import checkpoint as ck
+from scratchlm.cli.main import main as cli_main
 from scratchlm.errors import ConfigError, UserError
-from scratchlm.model import GPT
-from scratchlm.optim import MuonWithAdamW
-from scratchlm.train import TrainConfig, make_optimizer, train
+from scratchlm.model.gpt import GPT
+from scratchlm.training.optim import MuonWithAdamW
+from scratchlm.training.train import TrainConfig, make_optimizer, train
 from test_train import write_text  # the same small corpus (tests/ is on sys.path under pytest)
 
 CPU = torch.device("cpu")
@@ -183,9 +183,9 @@ def test_muon_steps_match_a_numpy_computation(shape):
 
 
 def test_muon_in_bfloat16_is_torchs_muon_step_for_step():
-    """scratchlm.optim.Muon with bfloat16 iterations against torch.optim.Muon itself (which always
+    """scratchlm.training.optim.Muon with bfloat16 iterations against torch.optim.Muon itself (which always
     uses bfloat16): bit for bit over three steps, both orientations, with and without Nesterov."""
-    from scratchlm.optim import Muon
+    from scratchlm.training.optim import Muon
 
     for shape, nesterov in [((16, 40), True), ((40, 16), False)]:
         g = torch.Generator().manual_seed(3)
@@ -204,7 +204,7 @@ def test_muon_in_bfloat16_is_torchs_muon_step_for_step():
 def test_float32_iterations_are_closer_to_float64_than_bfloat16_ones():
     """The float32 path is the same polynomial with more bits: within 1e-5 of NumPy's float64
     iteration where the bfloat16 one is about 1e-2 away."""
-    from scratchlm.optim import orthogonalize
+    from scratchlm.training.optim import orthogonalize
 
     rng = np.random.default_rng(4)
     for shape in [(24, 64), (64, 24)]:
@@ -222,7 +222,7 @@ def test_matrices_of_one_shape_orthogonalised_together_are_each_as_alone(dtype):
     """Muon stacks same-shape matrices into one batched iteration: every matrix of the stack comes
     out as it does alone (float32: to float32 rounding; bfloat16: to a bfloat16 step), and a
     Muon step over four such parameters moves each as torch.optim.Muon moves it alone."""
-    from scratchlm.optim import Muon, orthogonalize
+    from scratchlm.training.optim import Muon, orthogonalize
 
     g = torch.Generator().manual_seed(5)
     for shape in [(3, 16, 40), (3, 40, 16)]:
@@ -251,8 +251,8 @@ def test_matrices_of_one_shape_orthogonalised_together_are_each_as_alone(dtype):
 def test_newton_schulz_dtype_follows_the_cpu(monkeypatch):
     """bfloat16 only where this CPU multiplies it natively; SCRATCHLM_CPU_BF16=0 makes any CPU
     behave as one without (and =1 as one with); make_optimizer's Muon uses the same choice."""
-    from scratchlm import cpu
-    from scratchlm.optim import newton_schulz_dtype
+    from scratchlm.machine import cpu
+    from scratchlm.training.optim import newton_schulz_dtype
 
     assert newton_schulz_dtype(CPU) == (torch.bfloat16 if cpu.native_bf16() else torch.float32)
     cfg = TrainConfig(optimizer="muon")

@@ -1,6 +1,6 @@
 """Where commands write, and what a failed write leaves (issue 30, items 1, 2 and 8).
 
-- One rule for output folders (scratchlm.outdir): `prepare` writes only into a new or empty folder
+- One rule for output folders (scratchlm.training.outdir): `prepare` writes only into a new or empty folder
   or its own earlier output, never over its input, one writer at a time; the refusals of every
   other command that writes are cases in test_bad_input.py (their files hashed before and after).
 - Temporary names are short: a legal 250-character output name is written, not refused as "File
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from scratchlm import checkpoint as ck
+from scratchlm.training import checkpoint as ck
 from scratchlm import fileio
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.data import DataConfig, prepare
 from scratchlm.errors import UserError
-from scratchlm.model import GPT
-from scratchlm.runlock import RunLock
+from scratchlm.model.gpt import GPT
+from scratchlm.training.runlock import RunLock
 from test_bad_input import TINY_MODEL, train_tiny_run, tree_hashes, write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def _cli(args: list[str], cwd: Path, prelude: str = "") -> subprocess.CompletedProcess:
     """`python -m scratchlm ARGS` as its own process (after `prelude`, Python run first)."""
-    code = prelude + "\nimport sys\nfrom scratchlm.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    code = prelude + "\nimport sys\nfrom scratchlm.cli.main import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {**os.environ, "SCRATCHLM_CACHE": str(cwd / "cache"), "PYTHONPATH": str(REPO)}
     return subprocess.run([sys.executable, "-c", code, *args], cwd=cwd, env=env, capture_output=True, text=True,
                           timeout=300)
@@ -56,7 +56,7 @@ def _one_error_line(proc_or_err) -> str:
 
 
 def test_a_second_prepare_into_a_folder_being_prepared_is_refused(tmp_path):
-    """While one prepare holds --out (its lock, as scratchlm.outdir takes it), a second is
+    """While one prepare holds --out (its lock, as scratchlm.training.outdir takes it), a second is
     refused with one line and does not say "prepared"; once the first ends, the next one runs."""
     text = write_text(tmp_path / "t.txt")
     out = tmp_path / "out"
@@ -116,7 +116,7 @@ def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_pa
     and its look at who holds it (it finds nobody): waiting, this one takes the lock and
     the finished output; it is not refused. The ending is made to land exactly there by ending
     the holder inside that look."""
-    import scratchlm.outdir as outdir
+    import scratchlm.training.outdir as outdir
     from scratchlm.data import ensure_prepared
     from scratchlm.data.preparation import cache_dir
 
@@ -166,7 +166,7 @@ def test_prepare_never_writes_into_or_around_its_input_folder(tmp_path, out, how
     """One check (outdir.check_not_input) for every output, file or folder: prepare's --out may
     not be its --tokenizer_file folder, lie inside it (it was let through: prepare wrote into the
     user's tokenizer folder) or hold it."""
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = tmp_path / "tok"
     CharTokenizer("abcdefghijklmnopqrstuvwxyz ").save(tok)
@@ -210,8 +210,8 @@ def test_every_writer_says_a_failed_write_in_the_same_words(tmp_path, monkeypatc
     tokenizer, the run's log and checkpoints: a used-up quota or a file over the size limit is
     said as lack of room everywhere (the log said the system's words for them)."""
     import scratchlm.data.preparation as preparation
-    from scratchlm.run_folder import save_run_tokenizer
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.training.run_folder import save_run_tokenizer
+    from scratchlm.text.tokenizer import CharTokenizer
 
     def failing(*args, **kwargs):
         raise OSError(code, os.strerror(code))
@@ -240,7 +240,7 @@ def test_export_hf_stages_its_folder_by_the_one_temporary_name_scheme(tmp_path, 
     by the same code, not a hand-made copy with a name of its own."""
     import safetensors.torch
 
-    from scratchlm.interop import export_hf
+    from scratchlm.hf.interop import export_hf
 
     staged: list[str] = []
     real_save = safetensors.torch.save_file
@@ -267,7 +267,7 @@ def test_a_250_character_output_name_is_written(tmp_path):
     with fileio.atomic_write(tmp_path / ("p" * 246 + ".png")) as f:
         f.write(b"picture")
     assert (tmp_path / ("p" * 246 + ".png")).read_bytes() == b"picture"
-    from scratchlm.interop import export_hf
+    from scratchlm.hf.interop import export_hf
 
     model = GPT(GPTConfig(vocab_size=40, **TINY_MODEL))
     ck.save_model_checkpoint(model, None, tmp_path / ("c" * 250))
@@ -283,7 +283,7 @@ def test_a_folder_another_writer_filled_meanwhile_is_left_whole(tmp_path, monkey
     the other's output is left exactly as it was (no swap that would move it aside)."""
     import safetensors.torch
 
-    from scratchlm.interop import export_hf
+    from scratchlm.hf.interop import export_hf
 
     out = tmp_path / "out"
     real_save = safetensors.torch.save_file
@@ -313,7 +313,7 @@ def test_a_full_disk_while_a_model_folder_is_written_names_it_and_leaves_nothing
     import safetensors.torch
     from safetensors import SafetensorError
 
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     model = GPT(GPTConfig(vocab_size=40, **TINY_MODEL))
     source = ck.save_model_checkpoint(model, None, tmp_path / "ckpt")
@@ -401,7 +401,7 @@ def _records(log: Path) -> list[dict]:
 
 
 def test_resume_cuts_a_torn_log_and_says_so(tiny_run, capsys):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     log = tiny_run / "metrics.jsonl"
     whole = log.read_bytes()
@@ -416,7 +416,7 @@ def test_resume_cuts_a_torn_log_and_says_so(tiny_run, capsys):
 
 
 def test_a_full_disk_while_the_log_is_appended_says_what_is_kept_and_lost(tiny_run, capsys, monkeypatch):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     log = tiny_run / "metrics.jsonl"
     monkeypatch.setattr(fileio, "os", _DiskFullsMidWrite(b'"event": "train", "step": 6,'))
@@ -430,7 +430,7 @@ def test_a_full_disk_while_the_log_is_appended_says_what_is_kept_and_lost(tiny_r
 
 
 def test_a_full_disk_at_a_checkpoint_says_what_is_kept_and_lost(tiny_run, capsys, monkeypatch):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     real = ck._write_weights
 
@@ -451,7 +451,7 @@ def test_a_full_disk_at_a_checkpoint_says_what_is_kept_and_lost(tiny_run, capsys
 
 
 def test_resume_names_each_changed_setting(tiny_run, capsys):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     assert main(["train", "--resume", str(tiny_run), "--max_steps", "5", "--lr", "0.1", "--progress", "lines"]) == 0
     said = [line for line in capsys.readouterr().out.splitlines() if "changed settings" in line]
@@ -471,7 +471,7 @@ def _new_run_argv(base: Path, run: Path) -> list[str]:
 
 def test_a_full_disk_while_a_run_saves_its_tokenizer_names_it_and_leaves_nothing(tmp_path, monkeypatch, capsys,
                                                                                  one_torch_thread):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     run = tmp_path / "runs" / "run"
     (tmp_path / "runs").mkdir()
@@ -494,7 +494,7 @@ def test_a_full_disk_while_a_run_saves_its_tokenizer_names_it_and_leaves_nothing
 _KILL_IN_TOKENIZER_SAVE = """
 import os, signal
 from pathlib import Path
-import scratchlm.checkpoint as ck
+import scratchlm.training.checkpoint as ck
 real = ck._fsync_path
 def fsync_then_die(path):
     real(path)
@@ -511,7 +511,7 @@ ck._fsync_path = fsync_then_die
 ])
 def test_a_run_killed_while_saving_its_tokenizer_is_started_again_by_the_same_command(tmp_path, monkeypatch,
                                                                                        capsys, where, left):
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     run = tmp_path / "run"
     argv = _new_run_argv(tmp_path, run)

@@ -1,4 +1,4 @@
-"""MFU's denominator on a CPU (scratchlm.cpu.peak_flops_bound, scratchlm.flops.device_peak): an
+"""MFU's denominator on a CPU (scratchlm.machine.cpu.peak_flops_bound, scratchlm.machine.flops.device_peak): an
 upper bound made of cores x highest clock x FLOPs per cycle, checked against products worked out
 by hand for made-up CPUs, and against a real matmul on this one (which must stay below it)."""
 
@@ -11,9 +11,9 @@ import sys
 import pytest
 import torch
 
-from scratchlm import cpu
+from scratchlm.machine import cpu
 from scratchlm.errors import UserError
-from scratchlm.flops import device_peak
+from scratchlm.machine.flops import device_peak
 
 AVX512_BF16 = frozenset({"sse", "avx", "fma", "avx2", "avx512f", "avx512_bf16"})
 

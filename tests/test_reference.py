@@ -21,8 +21,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS, GPTConfig
-from scratchlm.model import GPT
+from scratchlm.model.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS, GPTConfig
+from scratchlm.model.gpt import GPT
 from scratchlm.reference import numpy_gpt as ref
 
 REFERENCE_DIR = Path(ref.__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""scratchlm.sampling: each stage of the pipeline (repetition penalty, temperature, top-k, top-p,
+"""scratchlm.generation.sampling: each stage of the pipeline (repetition penalty, temperature, top-k, top-p,
 min-p, the draw, greedy's argmax) against brute force, NumPy or a hand calculation; the draws
 against their distributions; and SamplingOptions, checked once when made, one object for every
 generation function."""
@@ -14,11 +14,11 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError, UserError
-from scratchlm.generate import generate_ids, iter_tokens
-from scratchlm.model import GPT
-from scratchlm.sampling import (
+from scratchlm.generation.generate import generate_ids, iter_tokens
+from scratchlm.model.gpt import GPT
+from scratchlm.generation.sampling import (
     SamplingOptions,
     apply_repetition_penalty,
     choose_next,
@@ -319,7 +319,7 @@ def test_bad_options_are_refused_by_name():
 
 
 def test_greedy_ids_takes_the_first_of_equal_maxima_row_by_row():
-    from scratchlm.sampling import greedy_ids
+    from scratchlm.generation.sampling import greedy_ids
 
     g = torch.Generator().manual_seed(0)
     for dtype in (torch.float32, torch.float64):
@@ -341,7 +341,7 @@ def test_greedy_ids_takes_the_first_of_equal_maxima_row_by_row():
 
 
 def test_max_new_tokens_bounds_are_exact():
-    from scratchlm.sampling import MAX_NEW_TOKENS_LIMIT, check_max_new_tokens
+    from scratchlm.generation.sampling import MAX_NEW_TOKENS_LIMIT, check_max_new_tokens
 
     for fine in (0, 1, MAX_NEW_TOKENS_LIMIT):
         check_max_new_tokens(fine)
@@ -363,7 +363,7 @@ def test_repetition_penalty_on_small_scores_and_nothing_seen_by_hand():
 
 
 def test_temperature_by_hand():
-    from scratchlm.sampling import apply_temperature
+    from scratchlm.generation.sampling import apply_temperature
 
     logits = torch.tensor([[3.0, -1.5, 0.75]])
     assert torch.equal(apply_temperature(logits, 1.5), logits / 1.5)
@@ -397,7 +397,7 @@ def test_top_p_drops_the_token_whose_mass_above_equals_p():
 
 def test_greedy_ids_of_rows_numpy_cannot_take():
     """bfloat16 rows and rows that require grad take torch's path: the same first-of-equal-maxima."""
-    from scratchlm.sampling import greedy_ids
+    from scratchlm.generation.sampling import greedy_ids
 
     rows = torch.tensor([[0.5, 2.0, 2.0, -1.0], [3.0, 1.0, 3.0, 3.0]])
     assert greedy_ids(rows.bfloat16()).tolist() == [1, 0]

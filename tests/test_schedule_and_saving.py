@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm import checkpoint as ck
+from scratchlm.training import checkpoint as ck
 from scratchlm.errors import UserError
-from scratchlm.train import TrainConfig, learning_rate, resume_config, train
+from scratchlm.training.train import TrainConfig, learning_rate, resume_config, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -73,8 +73,8 @@ def test_training_keeps_only_the_last_checkpoints_it_is_told_to(tmp_path):
 
 
 def _tiny_state() -> tuple[dict, dict]:
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
 
     config = GPTConfig(vocab_size=11, **TINY_MODEL)
     return GPT(config).state_dict(), {"model": config.to_dict()}

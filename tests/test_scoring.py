@@ -1,4 +1,4 @@
-"""scratchlm.scoring and `scratchlm eval`: the loss of a text under a checkpoint, every token
+"""scratchlm.training.scoring and `scratchlm eval`: the loss of a text under a checkpoint, every token
 predicted once, against a token-by-token loop written here and against transformers on the
 exported model (the same ids, windows and targets)."""
 
@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.config import GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
-from scratchlm.model import GPT
-from scratchlm.scoring import score_ids, score_text, windows
-from scratchlm.tokenizer import CharTokenizer
+from scratchlm.model.gpt import GPT
+from scratchlm.training.scoring import score_ids, score_text, windows
+from scratchlm.text.tokenizer import CharTokenizer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -91,9 +91,9 @@ def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys, layout
     """`scratchlm eval --json` against the model transformers loads offline from `export-hf`'s
     folder (GPT-2, GPT-NeoX or Llama), fed the same ids window by window, scoring the same targets."""
     transformers = pytest.importorskip("transformers")
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.cli import main
-    from scratchlm.interop import export_hf
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.cli.main import main
+    from scratchlm.hf.interop import export_hf
 
     tok = CharTokenizer(sorted(set(TEXT)))
     model = _model(tok.vocab_size, seed=3, **layout)
@@ -118,8 +118,8 @@ def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys, layout
 
 
 def test_eval_refuses_bad_input_with_one_line(tmp_path, capsys):
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.cli import main
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.cli.main import main
 
     tok = CharTokenizer("abc ")
     ckpt = save_model_checkpoint(_model(tok.vocab_size), tok, tmp_path / "ckpt")

@@ -146,7 +146,7 @@ def cli_output(*argv: str) -> str:
     import contextlib
     import io
 
-    from scratchlm.cli import main
+    from scratchlm.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -193,7 +193,7 @@ def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
     """p and the top 5 of every token event against the model's plain forward pass over the
     prompt and the tokens so far (float64, no cache, no decoding copy), with a sampled stream so
     that the chosen token is often not the top one."""
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
 
     events = generate_events(served.port, {"run": "mixed", "prompt": "ROMEO:", "max_new_tokens": 25, "seed": 7,
                                            "temperature": 1.5})
@@ -319,7 +319,7 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
 def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     """Beam search answers in one event at its end; a reader that goes away before then stops it
     at its next step, and the model thread is free for others at once (not after 100,000 steps)."""
-    import scratchlm.generate as gen
+    import scratchlm.generation.generate as gen
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary
 
@@ -394,7 +394,7 @@ def test_ctrl_c_exits_130_even_when_sigint_was_ignored_at_start(runs):
 
 
 def test_beam_search_asks_should_stop_before_each_step():
-    from scratchlm.generate import Stopped, beam_search
+    from scratchlm.generation.generate import Stopped, beam_search
 
     asked = []
     stop_at_third = lambda: asked.append(1) or len(asked) == 3  # noqa: E731
@@ -405,8 +405,8 @@ def test_beam_search_asks_should_stop_before_each_step():
 
 
 def _tiny_model():
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
 
     torch.manual_seed(0)
     return GPT(GPTConfig(vocab_size=11, block_size=16, n_layer=1, n_head=2, n_embd=8)).eval()
@@ -525,7 +525,7 @@ def test_a_run_trained_again_under_the_same_checkpoint_name_is_loaded_afresh(tmp
 
     from safetensors.torch import load_file, save_file
 
-    from scratchlm.checkpoint import latest_checkpoint
+    from scratchlm.training.checkpoint import latest_checkpoint
     from scratchlm.serve.library import RunLibrary
 
     folder = tmp_path / "runs"
@@ -573,7 +573,7 @@ def test_the_page_and_its_files_come_from_the_package(served):
 
 def test_attention_weights_equal_the_numpy_reference(served, runs):
     """Every layer and head, against the NumPy twin's forward pass in float64."""
-    from scratchlm.checkpoint import load_model
+    from scratchlm.training.checkpoint import load_model
     from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
 
     text = "月光 and the king"
@@ -621,7 +621,7 @@ def test_training_records_follow_a_growing_metrics_file(tmp_path, runs):
     only while a process holds the run's lock, and a file that shrank read from the start."""
     import shutil
 
-    from scratchlm.runlock import RunLock
+    from scratchlm.training.runlock import RunLock
     from scratchlm.serve.app import Limits, training_data
 
     run = tmp_path / "live"
@@ -646,8 +646,8 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
     """`serve --checkpoint RUN/ckpt_N`: the lock that says "training" is the run folder's."""
     import shutil
 
-    from scratchlm.checkpoint import latest_checkpoint
-    from scratchlm.runlock import RunLock
+    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.training.runlock import RunLock
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary, describe
 

@@ -14,13 +14,13 @@ import pytest
 
 _PROBE = """
 import contextlib, io, json, sys
-import scratchlm.cli
+import scratchlm.cli.main
 argv = json.loads(sys.argv[1])
-parser = scratchlm.cli.build_parser()
+parser = scratchlm.cli.main.build_parser()
 code = None
 with contextlib.redirect_stdout(io.StringIO()):
     try:
-        code = scratchlm.cli.main(argv)
+        code = scratchlm.cli.main.main(argv)
     except SystemExit as exc:  # --help exits
         code = exc.code
 print(json.dumps({"code": code, "torch": "torch" in sys.modules}))
@@ -65,8 +65,8 @@ def test_probe_can_see_torch(tmp_path: Path):
 
 
 def test_train_config_reexported():
-    import scratchlm.train as train
-    import scratchlm.train_config as train_config
+    import scratchlm.training.train as train
+    import scratchlm.training.train_config as train_config
 
     assert train.TrainConfig is train_config.TrainConfig
     assert train.TRAIN_PRESETS is train_config.TRAIN_PRESETS

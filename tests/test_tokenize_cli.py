@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from scratchlm.cli import main
+from scratchlm.cli.main import main
 from conftest import SHARED_DATA, needs_shared
 
 TEXTS = {
@@ -72,10 +72,10 @@ def test_gpt2_ids_equal_tiktoken(capsys, name):
 
 
 def test_a_runs_tokenizer_and_the_text_view(tmp_path, capsys):
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer("abc ")
     save_model_checkpoint(GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=8, n_layer=1, n_head=1, n_embd=4)),

@@ -10,8 +10,8 @@ import unicodedata
 
 import pytest
 
-from scratchlm.cli import main
-from scratchlm.tokenize_view import visible
+from scratchlm.cli.main import main
+from scratchlm.inside.tokenize_view import visible
 
 
 @pytest.mark.parametrize("text, shown", [
@@ -43,11 +43,11 @@ def test_the_playground_draws_a_tokens_control_characters_as_tokenize_does():
     override exactly as hand-written here, never raw."""
     from types import SimpleNamespace
 
-    from scratchlm.config import GPTConfig
-    from scratchlm.model import GPT
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
     from scratchlm.serve.app import Limits, attention_data
     from scratchlm.serve.labels import Labels
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer("a\x1b\x00\u202e\x7f\x9b\n ")
     text = "\x00\x1b\n \x7f\x9b\u202ea"

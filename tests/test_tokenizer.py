@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from scratchlm.errors import UserError
-from scratchlm.tokenizer import (
+from scratchlm.text.tokenizer import (
     BOS,
     EOS,
     BPETokenizer,

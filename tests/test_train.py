@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm import checkpoint as ck
-from scratchlm.cli import main as cli_main
+from scratchlm.training import checkpoint as ck
+from scratchlm.cli.main import main as cli_main
 from scratchlm.errors import UserError
-from scratchlm.model import GPT
-from scratchlm.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
+from scratchlm.model.gpt import GPT
+from scratchlm.training.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
 
 TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 
@@ -183,8 +183,7 @@ def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path, m
     null context and checkpointing off passed the old "finite and falling" test): bfloat16
     autocast moves the losses off float32's, within a bound; checkpointing runs every block's
     forward a second time in the backward pass (counted)."""
-    from scratchlm import model as model_module
-
+    from scratchlm.model import gpt as model_module
     calls = []
     forward = model_module.Block.forward
 
@@ -214,7 +213,7 @@ def test_auto_dtype_trains_in_what_the_cpu_multiplies_natively(tmp_path, monkeyp
     """--dtype auto: bfloat16 on a CPU with bfloat16 units, float32 on one without (forced here
     both ways); the run's saved config records the choice, and the losses are those of a run
     given that dtype outright."""
-    from scratchlm.cpu import auto_dtype
+    from scratchlm.machine.cpu import auto_dtype
 
     monkeypatch.setenv("SCRATCHLM_CPU_BF16", native)
     want = "bfloat16" if native == "1" else "float32"
@@ -232,8 +231,8 @@ def test_the_training_log_prints_the_flops_per_token_inspect_prints(tmp_path, ca
     """One count of FLOPs per token: the run's first line and `scratchlm inspect`'s training row
     (at the training context) say the same figure for the same model, and it is the hand count
     3 * (2 * matmul weights + 4 * n_layer * T * C)."""
-    from scratchlm.flops import si_units
-    from scratchlm.introspect import format_report, inspect_report
+    from scratchlm.machine.flops import si_units
+    from scratchlm.inside.introspect import format_report, inspect_report
 
     data = write_text(tmp_path / "text.txt")
     result = train(tiny_config(tmp_path, data, max_steps=2, eval_interval=0, progress="lines"))
@@ -339,7 +338,7 @@ def test_final_validation_loss_covers_the_whole_split(tmp_path):
 
 
 def test_logged_interval_mean_and_plot_curve_after_resume(tmp_path):
-    from scratchlm.plot import _curve, read_metrics
+    from scratchlm.training.plot import _curve, read_metrics
 
     data = write_text(tmp_path / "text.txt")
     result = train(tiny_config(tmp_path, data, max_steps=10, log_interval=5, eval_interval=0))
@@ -360,7 +359,7 @@ def test_logged_interval_mean_and_plot_curve_after_resume(tmp_path):
 def test_a_run_folder_without_a_checkpoint_gets_advice_that_leads_somewhere(tmp_path):
     """A run killed before its first checkpoint leaves a folder with only its logs: --resume has
     nothing to continue, so neither message may send the user to --resume."""
-    from scratchlm.train import resume_config
+    from scratchlm.training.train import resume_config
 
     data = write_text(tmp_path / "text.txt")
     stopped = tmp_path / "stopped"
@@ -416,9 +415,9 @@ def _one_step(grad_accum: int, grad_clip: float, scaler=None, poison=False):
     """(model before, model after, batches, what _train_step returned) for one SGD step, lr 0.5."""
     import copy
 
-    from scratchlm.config import GPTConfig
-    from scratchlm.distributed import Dist
-    from scratchlm.train import _train_step
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.training.distributed import Dist
+    from scratchlm.training.train import _train_step
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.0))

@@ -14,9 +14,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm import checkpoint as ck
+from scratchlm.training import checkpoint as ck
 from scratchlm.data import BatchStream, read_shard
-from scratchlm.train import TrainConfig, train
+from scratchlm.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -1,4 +1,4 @@
-"""The walkthrough's training half (scratchlm/walkthrough_train.py): loss, every gradient, one
+"""The walkthrough's training half (scratchlm/inside/walkthrough_train.py): loss, every gradient, one
 AdamW step and the next token, torch beside the hand-written NumPy twin, equal to 1e-12 in
 float64 on the hand preset and on three variants; and `scratchlm walkthrough` printing it."""
 
@@ -12,10 +12,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.cli import main
-from scratchlm.config import GPTConfig
-from scratchlm.walkthrough import walkthrough_model
-from scratchlm.walkthrough_train import default_targets, format_training, training_size, training_walk
+from scratchlm.cli.main import main
+from scratchlm.model.config import GPTConfig
+from scratchlm.inside.walkthrough import walkthrough_model
+from scratchlm.inside.walkthrough_train import default_targets, format_training, training_size, training_walk
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -104,9 +104,9 @@ def test_cli_refuses_bad_walkthrough_input_with_one_line(capsys, argv, words):
 
 @pytest.fixture()
 def char_checkpoint(tmp_path):
-    from scratchlm.checkpoint import save_model_checkpoint
-    from scratchlm.model import GPT
-    from scratchlm.tokenizer import CharTokenizer
+    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.model.gpt import GPT
+    from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer.train(["ROMEO: what light through yonder window"])
     torch.manual_seed(0)

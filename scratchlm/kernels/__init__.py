@@ -9,7 +9,7 @@ weights from memory. bfloat16 weights halve that, but the library paths read the
 the memory's streaming rate for a single row. `gemv_bf16.c` reads each weight row once, in order.
 What is left of a step is small operations: attention, norms, activations, residual adds and the
 calls between them. `attend_one.c` does a layer's attention in one call
-(scratchlm.decoding.DecodingAttention), and `decode_step.c` the whole step
+(scratchlm.generation.decoding.DecodingAttention), and `decode_step.c` the whole step
 (scratchlm.kernels.decode_step), so that a step is little more than the reading of its weights.
 How much each saved: benchmarks/measurements.md; the rates today: benchmarks/bench_decode.py.
 
@@ -55,7 +55,7 @@ from pathlib import Path
 
 import torch
 
-from scratchlm import cpu
+from scratchlm.machine import cpu
 from scratchlm.envflags import env_switch
 from scratchlm.fileio import atomic_write, cache_home
 

@@ -25,7 +25,7 @@
  * come from branch-free approximations (relative error about 1e-7; exp_vec in attention.h,
  * erf_vec below), so that softmax and the activations vectorise. One position's attention is
  * attention.h's attend_position, shared with attend_one.c. scratchlm/kernels/decode_step.py fills the structs from a decoding
- * copy of the model (scratchlm.decoding.decoding_model).
+ * copy of the model (scratchlm.generation.decoding.decoding_model).
  */
 #include <math.h>
 #include <stdint.h>
@@ -281,7 +281,7 @@ int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, in
 }
 
 /* The index of the largest of n scores: the first of equal maxima, or the first NaN if there is
- * one (as NumPy's argmax, which scratchlm.generate.greedy_ids uses). */
+ * one (as NumPy's argmax, which scratchlm.generation.generate.greedy_ids uses). */
 static int64_t argmax_scores(const float *v, int64_t n)
 {
     float top = v[0];

@@ -1,6 +1,6 @@
 """A whole decoding step in one call to the compiled library (decode_step.c), for the decoding
 copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float32
-(scratchlm.decoding.decoding_model).
+(scratchlm.generation.decoding.decoding_model).
 
 `FusedDecodeStep.build(model, kernels)` reads the model's tensors once and describes them to the
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
@@ -48,7 +48,7 @@ def unsupported(model: nn.Module) -> str | None:
         return "post-norm blocks"
     if cfg.norm not in NORMS or cfg.activation not in ACTIVATIONS:
         return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
-    # scratchlm.decoding.DecodingLinear says so with `is_decoding_linear` (that module imports this one)
+    # scratchlm.generation.decoding.DecodingLinear says so with `is_decoding_linear` (that module imports this one)
     linears = [m for m in model.modules() if isinstance(m, nn.Linear) or getattr(m, "is_decoding_linear", False)]
     if not all(getattr(m, "is_decoding_linear", False) and m.layout == "kernel" for m in linears):
         return "weights not in the kernel layout"

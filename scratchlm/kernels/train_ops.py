@@ -12,7 +12,7 @@ benchmarks/measurements.md; the step against the classic recipe: benchmarks/benc
 `attention(qkv, rope, n_head)` and `gelu(x)` return None where the compiled code does not apply
 (no compiler, SCRATCHLM_NO_KERNELS=1, not float32 on a CPU, a shape it does not cover, RoPE tables
 that need a gradient, or while torch.compile traces, so that it compiles PyTorch's own operations
-without a graph break); scratchlm.model then runs PyTorch's operations, which compute the same
+without a graph break); scratchlm.model.gpt then runs PyTorch's operations, which compute the same
 function. The cheap tests come first: a GPU, bfloat16 or traced model never loads (or builds) the
 library. `attention_unsupported` and `gelu_unsupported` say why. Neither supports a second
 derivative, forward-mode AD or torch.func's transforms.

@@ -1,4 +1,4 @@
-"""The GPT forward pass in NumPy alone: the same math as `scratchlm/model.py`, to read and to check it.
+"""The GPT forward pass in NumPy alone: the same math as `scratchlm/model/gpt.py`, to read and to check it.
 
 Pure functions in the style of picoGPT, each signature annotated with its shapes. Symbols: T
 sequence length, C width (`n_embd`), H heads, hs = C / H head size, V vocabulary, F the MLP's
@@ -166,7 +166,7 @@ def rope_tables(n_pos: int, head_dim: int, theta: float) -> tuple[np.ndarray, np
 
 
 def apply_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:  # [..., T, hs], [T, hs/2] x2 -> [..., T, hs]
-    """Rotate each pair (x[j], x[j + hs/2]) by its angle ("rotate half" layout, as in model.py)."""
+    """Rotate each pair (x[j], x[j + hs/2]) by its angle ("rotate half" layout, as in model/gpt.py)."""
     half = x.shape[-1] // 2
     x1, x2 = x[..., :half], x[..., half:]  # [..., T, hs/2] each
     return np.concatenate((x1 * cos - x2 * sin, x1 * sin + x2 * cos), axis=-1)
@@ -252,7 +252,7 @@ def causal_mask(T: int) -> np.ndarray:  # -> [T, T] bool
 def attention_allowed(T: int, attention_mask: np.ndarray | None = None) -> np.ndarray:  # [...?, T] -> [..., T, T] bool
     """The causal mask, further restricted to real (non-padding) keys when attention_mask is given.
 
-    attention_mask: 1 for real tokens, 0 for padding, (T,) or (B, T). As in model.py, a padding
+    attention_mask: 1 for real tokens, 0 for padding, (T,) or (B, T). As in model/gpt.py, a padding
     query still sees itself, so no softmax row is empty.
     """
     allowed = causal_mask(T)  # [T, T]

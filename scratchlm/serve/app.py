@@ -173,7 +173,7 @@ GENERATE_FIELDS = ("run", "prompt", "max_new_tokens", "beams", "length_penalty",
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     """The request's options, checked: bounded sizes, and sampling options scratchlm accepts. A
     field it does not know (stop strings, several samples) is refused, not silently ignored."""
-    from scratchlm.sampling import SamplingOptions, check_length_penalty, check_seed
+    from scratchlm.generation.sampling import SamplingOptions, check_length_penalty, check_seed
 
     unknown = sorted(str(name)[:40] for name in data if name not in GENERATE_FIELDS)
     if unknown:
@@ -313,7 +313,7 @@ def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str,
 
 
 def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
-    from scratchlm.attention_maps import attention_weights, token_labels
+    from scratchlm.inside.attention_maps import attention_weights, token_labels
 
     cfg = loaded.model.config
     ids = loaded.tokenizer.encode(text)
@@ -332,7 +332,7 @@ def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
 
 
 def inside_data(loaded) -> dict[str, Any]:
-    from scratchlm.introspect import format_report, inspect_report
+    from scratchlm.inside.introspect import format_report, inspect_report
 
     model = loaded.model
     report = inspect_report(model, batch_size=2, seq_len=min(16, model.config.block_size))
@@ -346,7 +346,7 @@ def inside_data(loaded) -> dict[str, Any]:
 
 
 def walkthrough_data() -> dict[str, Any]:
-    from scratchlm.walkthrough import WALKTHROUGH_IDS, walkthrough, walkthrough_json
+    from scratchlm.inside.walkthrough import WALKTHROUGH_IDS, walkthrough, walkthrough_json
 
     data = walkthrough_json(walkthrough(WALKTHROUGH_IDS))
     data["labels"] = list(HAND_TOKENS)
@@ -358,7 +358,7 @@ def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limit
     the next poll), and whether the run is training now. A line no poll can hold (longer than
     limits.metrics_bytes) or that is not JSON is skipped and named in "skipped"; a poll whose
     `since` falls inside a line (the rest of a long one) starts at the next line."""
-    from scratchlm.runlock import holder
+    from scratchlm.training.runlock import holder
 
     records: list[dict] = []
     skipped: list[dict[str, Any]] = []

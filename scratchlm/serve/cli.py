@@ -109,7 +109,7 @@ def _run_serve(args) -> int:
 def _serve(args, sock: socket.socket) -> int:
     import torch
 
-    from scratchlm.devices import pick_device
+    from scratchlm.machine.devices import pick_device
     from scratchlm.serve.app import Limits, create_app, server_config
     from scratchlm.serve.guard import is_loopback, local_names
     from scratchlm.serve.library import RunLibrary

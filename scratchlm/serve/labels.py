@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from scratchlm.tokenize_view import visible
+from scratchlm.inside.tokenize_view import visible
 
 
 def id_label(tokenizer: Any, token: int) -> str:

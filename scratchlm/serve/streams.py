@@ -156,7 +156,7 @@ class GenerationStream:
             return False
 
     def _begin(self) -> bool:
-        from scratchlm.generate import Stopped, generate, stream_tokens
+        from scratchlm.generation.generate import Stopped, generate, stream_tokens
 
         r, model, tokenizer = self.request, self.loaded.model, self.loaded.tokenizer
         self.began = time.perf_counter()

@@ -1,0 +1,49 @@
+"""Config fields as command-line flags: `scratchlm train` takes every TrainConfig and GPTConfig
+field, `walkthrough` and `inspect` the GPTConfig ones (the model variants)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def parse_field_value(kind: str, optional: bool):
+    """The argparse type of a field: int, float or str, and `none` for an optional one."""
+    def parse(text: str):
+        if optional and text.lower() == "none":
+            return None
+        if kind == "int":
+            return int(text)
+        if kind == "float":
+            return float(text)
+        return text
+
+    parse.__name__ = kind  # argparse names the type in its error message
+    return parse
+
+
+def add_field_flags(group, fields, dest_prefix=lambda f: "model." if f.model else "train.") -> None:
+    """One flag per CliField in `group`: --name VALUE, or --name / --no-name for a bool; a flag
+    not given leaves no attribute (argparse.SUPPRESS), so only what the user typed overrides."""
+    for f in fields:
+        help_text = f"{f.doc} (default: {f.default})".replace("%", "%%")
+        dest = dest_prefix(f) + f.name
+        if f.kind == "bool":
+            group.add_argument(f"--{f.name}", dest=dest, action=argparse.BooleanOptionalAction,
+                               default=argparse.SUPPRESS, help=help_text)
+        else:
+            group.add_argument(f"--{f.name}", dest=dest, type=parse_field_value(f.kind, f.optional),
+                               default=argparse.SUPPRESS, metavar=f.kind.upper(), help=help_text)
+
+
+def add_model_flags(parser, note: str, skip: tuple[str, ...] = ()) -> None:
+    """GPTConfig's fields (vocab_size and `skip` aside) as flags on a command that builds a model
+    from a preset."""
+    from scratchlm.training.train_config import cli_fields
+
+    group = parser.add_argument_group(f"model fields (GPTConfig), changing the preset's: {note}")
+    add_field_flags(group, [f for f in cli_fields() if f.model and f.name not in skip])
+
+
+def model_overrides(args) -> dict:
+    """The model fields given on the command line, by add_model_flags."""
+    return {k[len("model."):]: v for k, v in vars(args).items() if k.startswith("model.")}

@@ -1,0 +1,1 @@
+"""Generation (stations 18-20): the loops (`generate`: sampling with and without a KV cache, beam search), the next-token choice (`sampling`), the quantized decoding copy (`decoding`), and the text side of a growing sample (`text_rows`)."""

@@ -1,0 +1,1 @@
+"""Training (stations 16-17): the loop (`train`), its setup (`run`, `train_config`, `run_folder`, `outdir`), the optimizer, evaluation, several processes (`distributed`), checkpoints and the lock on a run's folder, the log and its plot, and scoring a text."""

@@ -1,0 +1,105 @@
+"""Measuring a model during training: each process's share of the batches, the validation loss
+(on sampled batches, or over the whole split), and a short sample of text.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from scratchlm.training.distributed import Dist, all_mean
+from scratchlm.model.gpt import GPT, eval_mode
+from scratchlm.training.train_config import TrainConfig
+
+
+def autocast(device: torch.device, dtype: str):
+    if dtype == "float32":
+        return nullcontext()
+    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
+
+
+
+class RankBatches:
+    """This process's share of each global batch: rows rank, rank + W, ... of a (B * W, T) batch.
+
+    Every process draws the same global batch from the same seeded stream and keeps its rows, so
+    W processes with batch B see exactly the rows one process with batch B * W would, and their
+    averaged loss and gradient equal that one process's (up to summation order).
+    """
+
+    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist):
+        from scratchlm.data import BatchStream
+
+        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
+        self.rank, self.world_size = d.rank, d.world_size
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = self.stream.next_batch()  # (B * W, T) each
+        return x[self.rank :: self.world_size], y[self.rank :: self.world_size]  # (B, T) each
+
+    def state_dict(self) -> dict:
+        return self.stream.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.stream.load_state_dict(state)
+
+
+
+
+@torch.no_grad()
+def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
+    """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
+    drawn from a stream of its own so the training stream and RNGs are untouched."""
+    stream = RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
+    with eval_mode(model):
+        total = torch.zeros((), device=device)
+        for _ in range(cfg.eval_iters):
+            x, y = stream.next_batch()
+            with autocast(device, cfg.dtype):
+                _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss)
+            total += loss.float()
+    return float(all_mean(total / cfg.eval_iters, d))
+
+
+@torch.no_grad()
+def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
+    """Validation loss over the whole split: consecutive windows of block_size + 1 tokens, each
+    token after a window's first predicted once; windows shared out over the processes."""
+    T, B = block_size, cfg.batch_size
+    n_windows = (len(val_tokens) - 1) // T
+    mine = np.arange(d.rank, n_windows, d.world_size)
+    with eval_mode(model):
+        total = torch.zeros((), device=device, dtype=torch.float64)
+        count = torch.zeros((), device=device, dtype=torch.float64)
+        per_rank = -(-n_windows // d.world_size)  # the most windows any process gets
+        # every process runs the same number of forwards (FSDP gathers weights collectively in each);
+        # one that has run out of windows repeats window 0 and leaves it out of the sums
+        for i in range(0, per_rank, B):
+            starts = mine[i : i + B] * T
+            weight = 1.0 if len(starts) else 0.0
+            if not len(starts):
+                starts = np.zeros(1, dtype=np.int64)
+            rows = np.asarray(val_tokens[starts[:, None] + np.arange(T + 1)], dtype=np.int64)  # (b, T+1)
+            x = torch.from_numpy(rows[:, :-1].copy()).to(device)  # (b, T)
+            y = torch.from_numpy(rows[:, 1:].copy()).to(device)  # (b, T)
+            with autocast(device, cfg.dtype):
+                _, loss = model(x, y, return_logits=not cfg.fused_loss)
+            total += weight * loss.double() * y.numel()
+            count += weight * y.numel()
+    if d.enabled:
+        import torch.distributed as dist
+
+        both = torch.stack([total, count])
+        dist.all_reduce(both)
+        total, count = both[0], both[1]
+    return float(total / count)
+
+
+def sample_text(model: GPT, tokenizer, n: int, seed: int) -> str:
+    """A short continuation of BOS with scratchlm.generation.generate's sampler (its own seeded generator)."""
+    from scratchlm.generation.generate import generate
+
+    with eval_mode(model):
+        return generate(model, tokenizer, "", max_new_tokens=n, temperature=0.8, top_k=40, seed=seed).text
