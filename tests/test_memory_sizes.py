@@ -18,7 +18,7 @@ from scratchlm.cli import main as cli
 from scratchlm.machine import memory
 from scratchlm.model.config import GPTConfig
 from scratchlm.inside.introspect import memory_estimate
-from scratchlm.machine.memory import footprint
+from scratchlm.machine.memory import Workload, footprint
 from scratchlm.model.gpt import GPT, KVCache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -53,14 +53,14 @@ def test_training_parameter_bytes_are_weights_gradients_and_adamw_state_of_a_rea
     optimizer.step()
     moments = [t for state in optimizer.state.values() for k, t in state.items() if k in ("exp_avg", "exp_avg_sq")]
     held = _bytes(model.parameters()) + _bytes(p.grad for p in model.parameters()) + _bytes(moments)
-    assert footprint(config, training=True).parameters == held
+    assert footprint(config, Workload(training=True)).parameters == held
 
 
 @pytest.mark.parametrize("rows", [1, 3])
 def test_kv_cache_bytes_are_those_of_a_real_cache(rows):
     config = GPTConfig(**TINY)
     cache = KVCache(config, rows)
-    assert footprint(config, param_bytes=0, rows=rows).kv_cache == _bytes([cache.k, cache.v])
+    assert footprint(config, Workload(rows=rows), param_bytes=0).kv_cache == _bytes([cache.k, cache.v])
 
 
 def test_output_bytes_of_a_forward_are_its_logits_and_ids():
@@ -69,7 +69,7 @@ def test_output_bytes_of_a_forward_are_its_logits_and_ids():
     with torch.no_grad():
         logits, _ = GPT(config)(idx)
     assert logits.shape[1] == 7, "the model returned logits for a part of the batch only; count those"
-    assert footprint(config, batch=3, seq_len=7, param_bytes=0).output == _bytes([logits, idx])
+    assert footprint(config, Workload(batch=3, seq_len=7), param_bytes=0).output == _bytes([logits, idx])
 
 
 @pytest.mark.parametrize("n_layer", [1, 2, 5])
@@ -79,12 +79,12 @@ def test_training_activations_for_any_depth_match_the_layer_by_layer_count(n_lay
     config = GPTConfig(**{**TINY, "n_layer": n_layer})
     direct = max(e.activations + e.loss_temporaries for e in
                  (memory_estimate(config, 4, 9, "fp32", attention) for attention in ("sdpa", "compiled")))
-    assert footprint(config, batch=4, seq_len=9, training=True, param_bytes=0).activations == direct
+    assert footprint(config, Workload(batch=4, seq_len=9, training=True), param_bytes=0).activations == direct
 
 
 def test_a_huge_config_is_estimated_without_building_anything():
     config = GPTConfig(**{**TINY, "n_layer": 10**9, "vocab_size": 10**9})
-    need = footprint(config, batch=8, seq_len=12, training=True, rows=2)
+    need = footprint(config, Workload(batch=8, seq_len=12, training=True, rows=2))
     per_layer = GPTConfig(**{**TINY, "n_layer": 2}).n_embd  # a sanity floor: every layer's residual stream
     assert need.activations > 10**9 * 8 * 12 * per_layer * 4 and need.parameters > 16 * 10**9 * 16
     assert need.total == need.parameters + need.activations + need.kv_cache + need.output

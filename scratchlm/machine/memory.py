@@ -3,7 +3,7 @@ generation will need, against what the device has free, so a size typed with one
 is one clear error naming the knob, not an allocation failure deep inside torch (or the machine
 swapping to a halt).
 
-One estimate serves every command (`footprint`), in four parts:
+One estimate serves every command (`footprint` of a `Workload`), in four parts:
   parameters   the weights in float32 (param_bytes each); training adds their gradients and
                AdamW's two moments (TRAINING_BYTES_PER_PARAM)
   activations  training: what autograd keeps of a (B, T) batch for the backward pass
@@ -90,27 +90,41 @@ def _forward_activations(config: GPTConfig, batch: int, seq_len: int) -> int:
     return FLOAT * (BT * (6 * config.n_embd + 2 * config.mlp_hidden) + batch * config.n_head * seq_len * seq_len)
 
 
-def footprint(config: GPTConfig, *, batch: int = 0, seq_len: int = 0, training: bool = False, param_bytes: int = FLOAT,
-              rows: int = 0, new_tokens: int = 0, prompt_tokens: int = 0, attention_maps: bool = False,
-              checkpointing: bool = False) -> Footprint:
-    """The estimate of the module's docstring. batch, seq_len: a (B, T) batch through the model
-    (a training step when `training`); param_bytes: bytes per parameter held (0: none, as for a
-    model on the meta device); rows: sequences decoded at once (samples or beams), with
-    prompt_tokens + new_tokens ids each; attention_maps: the (T, T) weights of every layer kept;
-    checkpointing: training with activation checkpointing (each block's input kept, one block
-    recomputed at a time)."""
+@dataclass(frozen=True)
+class Workload:
+    """What a command does with a model, for `footprint`: nothing (the weights alone) unless told.
+    batch, seq_len: a (B, T) batch through the model, a training step when `training` (with
+    activation `checkpointing`: each block's input kept, one block recomputed at a time);
+    attention_maps: the (T, T) weights of every layer kept; rows: sequences decoded at once
+    (samples or beams), with prompt_tokens + new_tokens ids each."""
+
+    batch: int = 0
+    seq_len: int = 0
+    training: bool = False
+    checkpointing: bool = False
+    attention_maps: bool = False
+    rows: int = 0
+    new_tokens: int = 0
+    prompt_tokens: int = 0
+
+
+def footprint(config: GPTConfig, work: Workload = Workload(), param_bytes: int = FLOAT) -> Footprint:
+    """The estimate of the module's docstring for `work` on a model of `config`; param_bytes:
+    bytes per parameter held (0: none, as for a model on the meta device; a training step holds
+    TRAINING_BYTES_PER_PARAM whatever it says)."""
     params = count_params(config)["total"]
-    parameters = params * (TRAINING_BYTES_PER_PARAM if training else param_bytes)
+    parameters = params * (TRAINING_BYTES_PER_PARAM if work.training else param_bytes)
     activations = output = kv_cache = 0
-    if batch and seq_len:
-        activations = (_training_activations(config, batch, seq_len, checkpointing) if training
-                       else _forward_activations(config, batch, seq_len))
-        if attention_maps:
-            activations += FLOAT * config.n_layer * batch * config.n_head * seq_len * seq_len
-        output = FLOAT * batch * seq_len * config.vocab_size + ID * batch * seq_len * (2 if training else 1)
-    if rows:
-        kv_cache = 2 * FLOAT * config.n_layer * rows * config.block_size * config.n_embd
-        output += 3 * FLOAT * rows * config.vocab_size + ID * rows * (prompt_tokens + new_tokens)
+    B, T = work.batch, work.seq_len
+    if B and T:
+        activations = (_training_activations(config, B, T, work.checkpointing) if work.training
+                       else _forward_activations(config, B, T))
+        if work.attention_maps:
+            activations += FLOAT * config.n_layer * B * config.n_head * T * T
+        output = FLOAT * B * T * config.vocab_size + ID * B * T * (2 if work.training else 1)
+    if work.rows:
+        kv_cache = 2 * FLOAT * config.n_layer * work.rows * config.block_size * config.n_embd
+        output += 3 * FLOAT * work.rows * config.vocab_size + ID * work.rows * (work.prompt_tokens + work.new_tokens)
     return Footprint(parameters, activations, kv_cache, output)
 
 
@@ -200,7 +214,7 @@ def check_model_fits(config: GPTConfig, device: torch.device | str, training: bo
                      seq_len: int = 0, checkpointing: bool = False) -> None:
     """The model's parameters (with gradients and optimizer state when training), in float32, and
     where a batch is given, what a training step (or a forward pass) of it holds."""
-    need = footprint(config, batch=batch, seq_len=seq_len, training=training, checkpointing=checkpointing)
+    need = footprint(config, Workload(batch=batch, seq_len=seq_len, training=training, checkpointing=checkpointing))
     params = count_params(config)["total"]
     what = f"{'training ' if training else ''}a model of {params:,} parameters"
     knobs = MODEL_KNOBS
@@ -215,7 +229,7 @@ def check_generation_fits(config: GPTConfig, device: torch.device | str, rows: i
                           prompt_tokens: int = 0) -> None:
     """What decoding `rows` sequences at once holds besides the weights (already loaded): the KV
     cache, a step's scores and their sorted copy, and the ids."""
-    need = footprint(config, param_bytes=0, rows=rows, new_tokens=new_tokens, prompt_tokens=prompt_tokens)
+    need = footprint(config, Workload(rows=rows, new_tokens=new_tokens, prompt_tokens=prompt_tokens), param_bytes=0)
     check_fits(need, device, f"generating {rows:,} sequences at once", "--num-samples or --beams")
 
 
@@ -223,7 +237,7 @@ def check_batch_fits(config: GPTConfig, device: torch.device | str, batch: int, 
                      attention_maps: bool = False) -> None:
     """What a forward pass of a (batch, seq_len) batch holds besides the weights (already
     loaded): activations, logits and ids (and every layer's attention weights, for maps)."""
-    need = footprint(config, batch=batch, seq_len=seq_len, param_bytes=0, attention_maps=attention_maps)
+    need = footprint(config, Workload(batch=batch, seq_len=seq_len, attention_maps=attention_maps), param_bytes=0)
     check_fits(need, device, what, knobs)
 
 
