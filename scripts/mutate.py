@@ -64,7 +64,7 @@ HAND_MUTATIONS = [
      "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n",
      "def apply_fsdp(model: GPT, device: torch.device, d: Dist) -> torch.nn.Module:\n    return model\n",
      ["tests/test_distributed.py::test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint"]),
-    ("autocast a null context", "training/evaluation.py",
+    ("autocast a null context", "training/precision.py",
      "def autocast(device: torch.device, dtype: str):\n",
      "def autocast(device: torch.device, dtype: str):\n    return nullcontext()\n",
      ["tests/test_train.py::test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu"]),

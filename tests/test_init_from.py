@@ -55,7 +55,7 @@ def _first_batch_loss(model, run_dir: Path, cfg: TrainConfig) -> float:
     scores it: each row of the batch is one window of block_size + 1 ids, every target scored."""
     from scratchlm.data import read_shard
     from scratchlm.training.distributed import Dist
-    from scratchlm.training.evaluation import RankBatches
+    from scratchlm.training.batches import RankBatches
 
     start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
     tokens = read_shard(Path(start["data_dir"]) / "train.bin")

@@ -1,51 +1,17 @@
-"""Measuring a model during training: each process's share of the batches, the validation loss
-(on sampled batches, or over the whole split), and a short sample of text.
+"""Measuring a model during training: the validation loss (on sampled batches, or over the whole
+split) and a short sample of text.
 """
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import numpy as np
 import torch
 
+from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import Dist, all_mean
 from scratchlm.model.gpt import GPT, eval_mode
+from scratchlm.training.precision import autocast
 from scratchlm.training.train_config import TrainConfig
-
-
-def autocast(device: torch.device, dtype: str):
-    if dtype == "float32":
-        return nullcontext()
-    return torch.autocast(device_type=device.type, dtype=getattr(torch, dtype))
-
-
-
-class RankBatches:
-    """This process's share of each global batch: rows rank, rank + W, ... of a (B * W, T) batch.
-
-    Every process draws the same global batch from the same seeded stream and keeps its rows, so
-    W processes with batch B see exactly the rows one process with batch B * W would, and their
-    averaged loss and gradient equal that one process's (up to summation order).
-    """
-
-    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist):
-        from scratchlm.data import BatchStream
-
-        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
-        self.rank, self.world_size = d.rank, d.world_size
-
-    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        x, y = self.stream.next_batch()  # (B * W, T) each
-        return x[self.rank :: self.world_size], y[self.rank :: self.world_size]  # (B, T) each
-
-    def state_dict(self) -> dict:
-        return self.stream.state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self.stream.load_state_dict(state)
-
-
 
 
 @torch.no_grad()

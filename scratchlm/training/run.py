@@ -24,7 +24,8 @@ from scratchlm.machine.cpu import auto_dtype
 from scratchlm.training.distributed import Dist, any_rank, apply_fsdp, fsdp_load_optimizer, full_states, gather_objects
 from scratchlm.errors import UserError
 from scratchlm.fileio import cut_torn_tail, why_write_failed
-from scratchlm.training.evaluation import RankBatches, evaluate, evaluate_full, sample_text
+from scratchlm.training.batches import RankBatches
+from scratchlm.training.evaluation import evaluate, evaluate_full, sample_text
 from scratchlm.machine.flops import device_peak, flops_per_token, si_units
 from scratchlm.machine.memory import check_model_fits
 from scratchlm.model.gpt import GPT

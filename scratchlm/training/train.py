@@ -23,7 +23,7 @@ from typing import Callable
 import torch
 
 from scratchlm.training.distributed import Dist, all_mean, setup_processes
-from scratchlm.training.evaluation import autocast
+from scratchlm.training.precision import autocast
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
 from scratchlm.training.run import Run, StopRequest, TrainResult, resume_config  # noqa: F401 - resume_config: this module's API
 from scratchlm.training.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
