@@ -1,0 +1,390 @@
+"""Helpers the test files share; tests/ is on sys.path under pytest, so a test file says
+`from helpers import ...`. No test file imports another (tests/test_layout.py checks it).
+Fixtures live in conftest.py.
+
+Sections: tiny corpora and runs; files on disk; the NumPy reference's model variants; the
+playground (`scratchlm serve`) in this process; the command line's bad-input cases.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import itertools
+import json
+import os
+import queue
+import random
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from scratchlm.model.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS, GPTConfig
+from scratchlm.model.gpt import GPT
+
+from cli_forks import Forker
+
+
+# ------------------------------------------------------------------------------ tiny corpora and runs
+
+TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
+WORDS = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
+
+
+def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
+    """A 4-step run of a 1-layer model on a small char corpus (a checkpoint at steps 2 and 4)."""
+    from scratchlm.training.train import TrainConfig, train
+
+    data = base / "text.txt"
+    if not data.exists():
+        write_text(data)
+    threads, cache = torch.get_num_threads(), os.environ.get("SCRATCHLM_CACHE")
+    os.environ["SCRATCHLM_CACHE"] = str(base / "cache")  # the CPU peak probe's cache, not the user's home
+    try:
+        train(TrainConfig(**{
+            **dict(data=str(data), tokenizer="char", batch_size=4, max_steps=4, lr=3e-3, warmup_steps=1,
+                   eval_interval=0, eval_iters=1, log_interval=1, checkpoint_interval=2, sample_tokens=0,
+                   progress="quiet", out_dir=str(out_dir), data_cache=str(base / "data"), threads=1,
+                   model_overrides=TINY_MODEL),
+            **overrides}))
+    finally:
+        torch.set_num_threads(threads)
+        if cache is None:
+            os.environ.pop("SCRATCHLM_CACHE", None)
+        else:
+            os.environ["SCRATCHLM_CACHE"] = cache
+    return out_dir
+
+
+def tree_hashes(folder: Path) -> dict[str, str]:
+    """Every path under folder: a file's sha256, a folder's mark, a link's target."""
+    out = {}
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder).as_posix()
+        if p.is_symlink():
+            out[rel] = "link:" + os.readlink(p)
+        elif p.is_dir():
+            out[rel] = "dir"
+        elif not p.is_file():  # a FIFO: reading it would wait for a writer
+            out[rel] = "special"
+        else:
+            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+# ------------------------------------------------------------------------------ files on disk
+
+
+def write_file(path: Path, text: str) -> Path:
+    """path, holding text (UTF-8); its folders are made."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def file_snapshot(folder: Path) -> dict[str, bytes]:
+    """Every file under folder and its bytes."""
+    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+# ------------------------------------------------------------------------------ the NumPy reference's model variants
+# (tests/test_reference.py and tests/test_backward.py run every combination GPTConfig allows)
+
+V, T, B = 11, 6, 2  # the variant models' vocabulary, context and batch
+
+BIASES = {
+    "bias": dict(qkv_bias=True, proj_bias=True, mlp_bias=True, lm_head_bias=True),
+    "nobias": dict(qkv_bias=False, proj_bias=False, mlp_bias=False, lm_head_bias=False),
+}
+VARIANTS = list(itertools.product(POS_EMBEDDINGS, NORMS, ACTIVATIONS, NORM_POSITIONS, (False, True), BIASES))
+
+
+def variant_id(v) -> str:
+    pos, norm, act, where, tie, bias = v
+    return f"{pos}-{norm}-{act}-{where}-{'tied' if tie else 'untied'}-{bias}"
+
+
+def variant_config(pos="learned", norm="layernorm", act="relu", where="pre", tie=False, bias="bias", **extra) -> GPTConfig:
+    return GPTConfig(
+        vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=8, pos_embedding=pos, norm=norm,
+        activation=act, norm_position=where, tie_weights=tie, **BIASES[bias], **extra,
+    )
+
+
+def perturbed_model(cfg: GPTConfig, dtype: torch.dtype, seed: int = 0) -> GPT:
+    torch.manual_seed(seed)
+    model = GPT(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # a tied matrix is one parameter, perturbed once
+            p.add_(0.3 * torch.randn_like(p))
+    if dtype == torch.float64:
+        model = model.double()
+    return model
+
+
+def ids_and_targets(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, V, (B, T), generator=g)
+    targets = torch.randint(0, V, (B, T), generator=g)
+    targets[0, -2:] = -100  # padding-style targets that the loss must leave out
+    targets[1, 0] = -100
+    return ids, targets
+
+
+# ------------------------------------------------------------------------------ the playground in this process
+
+JSON = {"Content-Type": "application/json"}
+POEM = "床前明月光，疑是地上霜。举头望明月，低头思故乡。"
+SERVE_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=32, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
+
+
+def write_mixed_text(path: Path) -> Path:
+    """English and Chinese lines, so the char tokenizer knows both scripts."""
+    lines = []
+    for i in range(120):
+        lines.append(["The king speaks to the queen of the night.", POEM, "ROMEO: my lord, the moon is bright.",
+                      "月光 and moonlight are the same light."][i % 4])
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+def train_serve_run(base: Path, out_dir: Path) -> Path:
+    write_mixed_text(base / "text.txt")
+    return train_tiny_run(base, out_dir, max_steps=40, checkpoint_interval=40, model_overrides=SERVE_MODEL)
+
+
+class Served:
+    """A uvicorn server in a thread of this process, on a free port of `host` (loopback unless told)."""
+
+    def __init__(self, library, limits=None, host: str = "127.0.0.1"):
+        import uvicorn
+
+        from scratchlm.serve.app import Limits, create_app, server_config
+        from scratchlm.serve.cli import _bind
+        from scratchlm.serve.guard import local_names
+
+        self.app = create_app(library, limits or Limits(), names=tuple(local_names(host)))  # as the command does
+        self.sock = _bind(host, 0)
+        self.port = self.sock.getsockname()[1]
+        self.server = uvicorn.Server(server_config(self.app, limits or Limits(), self.sock))  # the command's settings
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+
+    def __enter__(self) -> "Served":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(10)
+
+
+def request(port: int, method: str, path: str, body=None, raw: bytes | None = None, timeout: float = 120):
+    """(status, parsed JSON or text) of one request."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    data = raw if raw is not None else (None if body is None else json.dumps(body).encode())
+    conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+    return answer(conn)
+
+
+def answer(conn: http.client.HTTPConnection) -> tuple[int, object]:
+    """(status, parsed JSON or text) of the response on `conn`, which is then closed."""
+    resp = conn.getresponse()
+    text = resp.read().decode("utf-8", "replace")
+    conn.close()
+    try:
+        return resp.status, json.loads(text)
+    except ValueError:
+        return resp.status, text
+
+
+def cli_generate(run: Path, prompt: str, *flags: str) -> str:
+    """What `scratchlm generate ... --no-echo` prints, run in this process (no second torch import)."""
+    out = cli_output("generate", "--checkpoint", str(run), "--prompt", prompt, "--no-echo", *flags)
+    assert out.endswith("\n")
+    return out[:-1]
+
+
+def cli_output(*argv: str) -> str:
+    """What `scratchlm ARGV...` prints, run in this process (no second torch import); it must exit 0."""
+    import contextlib
+    import io
+
+    from scratchlm.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+def active_streams(served: "Served") -> int:
+    """Streams the server's model thread is still stepping."""
+    return len(served.app.state.model_thread.active)
+
+
+def wait_until(condition, seconds: float = 30.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def start_serve(*args: str, cwd: Path | None = None) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=cwd)
+    line = proc.stdout.readline()
+    return proc, line
+
+
+def raw(port: int, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, object]:
+    """(status, parsed JSON or text) of one request sent with exactly these headers (Host too)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
+    for name, value in headers.items():
+        conn.putheader(name, value)
+    if body is not None:
+        conn.putheader("Content-Length", str(len(body)))
+    conn.endheaders(body)
+    return answer(conn)
+
+
+def one_line_refusal(status: int, answer: object, expected: int, words: str) -> None:
+    assert status == expected, (status, answer)
+    assert isinstance(answer, dict) and words in answer["error"] and "\n" not in answer["error"], answer
+    assert len(answer["error"]) < 200
+
+
+# ------------------------------------------------------------------------------ the command line's bad-input cases
+# (tests/test_cli_bad_input.py: each case a real `python -m scratchlm` process forked from one that
+# imported torch once, tests/cli_forks.py)
+
+
+def gpt2_state(vocab: int = 50, positions: int = 16, c: int = 16, layers: int = 1) -> dict[str, torch.Tensor]:
+    """Random weights under GPT-2's names and shapes (Conv1D matrices are (in, out))."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"transformer.wte.weight": (vocab, c), "transformer.wpe.weight": (positions, c),
+              "transformer.ln_f.weight": (c,), "transformer.ln_f.bias": (c,), "lm_head.weight": (vocab, c)}
+    for i in range(layers):
+        h = f"transformer.h.{i}."
+        shapes.update({h + "ln_1.weight": (c,), h + "ln_1.bias": (c,), h + "ln_2.weight": (c,), h + "ln_2.bias": (c,),
+                       h + "attn.c_attn.weight": (c, 3 * c), h + "attn.c_attn.bias": (3 * c,),
+                       h + "attn.c_proj.weight": (c, c), h + "attn.c_proj.bias": (c,),
+                       h + "mlp.c_fc.weight": (c, 4 * c), h + "mlp.c_fc.bias": (4 * c,),
+                       h + "mlp.c_proj.weight": (4 * c, c), h + "mlp.c_proj.bias": (c,)})
+    return {name: 0.02 * torch.randn(shape, generator=g) for name, shape in shapes.items()}
+
+
+def hf_dir(config: dict | str | None, weights: str = "safetensors", shape_bug: bool = False):
+    """A small GPT-2 directory as save_pretrained writes it: config.json as given, random weights."""
+    def setup(d: Path, run: Path) -> None:
+        hf = d / "hf"
+        hf.mkdir()
+        base = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2,
+                    tie_word_embeddings=False)
+        if config is not None:
+            text = config if isinstance(config, str) else json.dumps({**base, **config})
+            (hf / "config.json").write_text(text)
+        if weights == "none":
+            return
+        from safetensors.torch import save_file
+
+        state = gpt2_state()
+        if shape_bug:
+            state["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(16, 32)  # GPT-2 needs (16, 64)
+        save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
+    return setup
+
+
+@dataclass
+class Case:
+    name: str
+    argv: list[str]
+    """After `python -m scratchlm`; {d} is the case folder, {run} its copy of the tiny run."""
+    words: list[str]
+    """Each must appear in the error line (what is wrong, and where)."""
+    setup: Callable[[Path, Path], None] = field(default=lambda d, run: None)
+    debug: bool = False
+    """Run with --debug: a traceback ending in the same error instead of one line."""
+
+
+@dataclass
+class Outcome:
+    code: int
+    stderr: str
+    before: dict
+    after: dict
+
+
+def run_case(case: Case, d: Path, run: Path, cache: Path, forker: Forker) -> Outcome:
+    d.mkdir()
+    case.setup(d, run)
+    before = tree_hashes(d)
+    argv = [a.format(d=d) for a in case.argv]
+    env = {**os.environ, "SCRATCHLM_CACHE": str(cache)}  # warnings shown: they would be more stderr lines
+    err = d.with_name(d.name + ".stderr")  # beside the case's folder, not in it
+    code = forker.run([*(["--debug"] if case.debug else []), *argv], d, env, err, d.with_name(d.name + ".stdout"))
+    return Outcome(code, err.read_text(encoding="utf-8"), before, tree_hashes(d))  # strict, as text=True was
+
+
+def run_all(cases: list[Case], run: Path, root: Path, cache: Path) -> dict[str, Outcome]:
+    forkers = queue.Queue()
+    for _ in range(2):
+        forkers.put(Forker())
+
+    def one(i: int, case: Case) -> Outcome:
+        forker = forkers.get()
+        try:
+            return run_case(case, root / f"case{i:02d}", run, cache, forker)
+        finally:
+            forkers.put(forker)
+
+    try:
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            futures = {c.name: pool.submit(one, i, c) for i, c in enumerate(cases)}
+            results = {name: f.result() for name, f in futures.items()}
+    finally:
+        while not forkers.empty():
+            forkers.get().close()
+    clean = sum(case_problems(c, results[c.name]) == [] for c in cases)
+    print(f"\nbad inputs tried: {len(cases)}; clean error with nothing changed: {clean}")
+    return results
+
+
+def case_problems(case: Case, out: Outcome) -> list[str]:
+    problems = []
+    lines = out.stderr.strip().splitlines()
+    if out.code != (1 if case.debug else 2):  # --debug lets the exception end the process
+        problems.append(f"exit status {out.code}, expected {1 if case.debug else 2}")
+    if case.debug:
+        if not lines or "Traceback" not in out.stderr or "UserError" not in lines[-1] and "ConfigError" not in lines[-1]:
+            problems.append("--debug should show a traceback ending in the error")
+        text = lines[-1] if lines else ""
+    else:
+        if len(lines) != 1 or not lines[0].startswith("error: "):
+            problems.append("stderr is not exactly one `error: ...` line")
+        text = lines[0] if lines else ""
+    problems += [f"the error line lacks {w!r}" for w in case.words if w not in text]
+    if out.after != out.before:
+        changed = sorted(k for k in set(out.before) | set(out.after) if out.before.get(k) != out.after.get(k))
+        problems.append(f"files changed or added: {changed[:5]}")
+    return problems
