@@ -136,7 +136,7 @@ HAND_MUTATIONS = [
      "cfg.grad_accum * d.world_size", "cfg.grad_accum",
      ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
     ("a saved model config missing a field loads with defaults (complete=True flipped)", "training/checkpoint.py",
-     'GPTConfig.from_dict(config["model"], complete=True)', 'GPTConfig.from_dict(config["model"], complete=False)',
+     'GPTConfig.from_dict(self.model, complete=True)', 'GPTConfig.from_dict(self.model, complete=False)',
      ["tests/test_schedule_and_saving.py::test_a_saved_model_config_missing_a_field_is_refused"]),
     ("a saved training config missing a field resumes with defaults (complete=True flipped)", "training/run.py",
      "TrainConfig.from_dict(saved, complete=True)", "TrainConfig.from_dict(saved, complete=False)",

@@ -30,7 +30,7 @@ def _model(**overrides) -> GPT:
 
 
 def _save(run_dir, model, step, **kw):
-    return ck.save_checkpoint(run_dir, step, model.state_dict(), {"model": model.config.to_dict()}, **kw)
+    return ck.save_checkpoint(run_dir, step, model.state_dict(), ck.SavedConfig(model=model.config.to_dict()), **kw)
 
 
 @pytest.mark.parametrize("tie", [False, True])
@@ -165,7 +165,7 @@ _SAVER = textwrap.dedent(
         with torch.no_grad():
             for t in state.values():
                 t.fill_(step)  # every tensor of checkpoint k holds the value k
-        ck.save_checkpoint(run_dir, step, state, {"model": model.config.to_dict()},
+        ck.save_checkpoint(run_dir, step, state, ck.SavedConfig(model=model.config.to_dict()),
                            optimizer_state={"m": torch.full((200000,), float(step))},
                            trainer_state={"step": step}, keep_last=2)
         if step == 1:  # from here on every kill must leave a whole latest, however slow the machine
@@ -206,6 +206,31 @@ def test_save_model_checkpoint_is_loadable_and_refuses_to_overwrite(tmp_path):
     assert torch.equal(loaded.transformer.wte.weight, model.transformer.wte.weight)
     with pytest.raises(UserError, match="not empty"):
         ck.save_model_checkpoint(model, None, out)
+
+
+def test_a_config_json_written_before_the_saved_config_type_reads_and_writes_back_byte_for_byte(tmp_path):
+    """config.json as runs wrote it before SavedConfig (keys in this order, json.dumps indent 2),
+    typed here by hand: every section reads back, and writing it again gives the same bytes; one
+    from a weights-only import (an extra key, no train section, no step) too."""
+    model = {"vocab_size": 37, "block_size": 16, "n_layer": 1, "n_head": 2, "n_embd": 16}
+    training = {
+        "model": model, "train": {"lr": 0.001, "optimizer": "adamw"}, "data": {"data": "a.txt", "block_size": None},
+        "data_sources": [{"path": "a.txt", "bytes": 12, "sha256": "ab" * 32}],
+        "tokenizer": {"kind": "char", "vocab_size": 37, "bos_id": 35, "eos_id": 36}, "step": 7,
+    }
+    imported = {"model": model, "imported_from": "/models/gpt2", "tokenizer": {"kind": "gpt2", "vocab_size": 50257}}
+    for name, values in (("training", training), ("imported", imported)):
+        folder = tmp_path / name
+        folder.mkdir()
+        written = json.dumps(values, indent=2).encode("utf-8")
+        (folder / ck.CONFIG_FILE).write_bytes(written)
+        saved = ck.SavedConfig.read(folder)
+        assert saved.model == model and saved.tokenizer == values["tokenizer"]
+        assert saved.to_json() == written, name
+    saved = ck.SavedConfig.read(tmp_path / "training")
+    assert (saved.step, saved.train["lr"], saved.data_sources[0]["bytes"]) == (7, 0.001, 12)
+    saved = ck.SavedConfig.read(tmp_path / "imported")
+    assert (saved.step, saved.train, saved.extra) == (None, None, {"imported_from": "/models/gpt2"})
 
 
 def test_saving_over_a_folder_leaves_only_the_new_one(tmp_path):

@@ -46,7 +46,7 @@ def _model(seed: int = 0) -> GPT:
 
 def _save(run_dir: Path, model: GPT, step: int) -> Path:
     opt = torch.optim.AdamW(model.parameters())
-    return ck.save_checkpoint(run_dir, step, model.state_dict(), {"model": model.config.to_dict()},
+    return ck.save_checkpoint(run_dir, step, model.state_dict(), ck.SavedConfig(model=model.config.to_dict()),
                               optimizer_state={"optimizer": opt.state_dict()}, trainer_state={"step": step})
 
 

@@ -77,7 +77,7 @@ def _tiny_state() -> tuple[dict, dict]:
     from scratchlm.model.gpt import GPT
 
     config = GPTConfig(vocab_size=11, **TINY_MODEL)
-    return GPT(config).state_dict(), {"model": config.to_dict()}
+    return GPT(config).state_dict(), ck.SavedConfig(model=config.to_dict())
 
 
 def test_pruning_never_deletes_the_checkpoint_latest_names(tmp_path):

@@ -222,8 +222,8 @@ def test_auto_dtype_trains_in_what_the_cpu_multiplies_natively(tmp_path, monkeyp
     auto = train(tiny_config(tmp_path / "a", data, max_steps=4, dtype="auto", eval_interval=0))
     fixed = train(tiny_config(tmp_path / "b", data, max_steps=4, dtype=want, eval_interval=0))
     assert auto.losses == fixed.losses
-    saved = ck.read_config(ck.latest_checkpoint(tmp_path / "a" / "run"))
-    assert saved["train"]["dtype"] == want
+    saved = ck.SavedConfig.read(ck.latest_checkpoint(tmp_path / "a" / "run"))
+    assert saved.train["dtype"] == want
     assert config_from_preset("gpt2-124m").dtype == config_from_preset("seed-400m").dtype == "auto"
 
 
@@ -257,9 +257,9 @@ def test_cli_trains_evaluates_samples_and_plots(tmp_path, capsys):
     assert code == 0
     assert "step 1/4: loss" in out and "val loss" in out and "bits/byte" in out and "sample" in out
     assert f"scratchlm generate --checkpoint {run}" in out
-    saved = ck.read_config(ck.latest_checkpoint(run))
-    assert saved["model"]["n_layer"] == 1 and saved["model"]["n_embd"] == 32 and saved["model"]["n_head"] == 4
-    assert saved["train"]["preset"] == "shakespeare-char" and saved["tokenizer"]["kind"] == "char"
+    saved = ck.SavedConfig.read(ck.latest_checkpoint(run))
+    assert saved.model["n_layer"] == 1 and saved.model["n_embd"] == 32 and saved.model["n_head"] == 4
+    assert saved.train["preset"] == "shakespeare-char" and saved.tokenizer["kind"] == "char"
     records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     evals = [r for r in records if r["event"] == "eval"]
     meta_dir = Path(records[0]["data_dir"])

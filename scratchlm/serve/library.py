@@ -207,7 +207,7 @@ def _mtime(path: Path) -> float:
 def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
     """What the model picker shows of a run, read from its files without loading the model;
     `check(path)` is called on the config file first (RunLibrary.check_inside)."""
-    from scratchlm.training.checkpoint import latest_checkpoint, read_config
+    from scratchlm.training.checkpoint import SavedConfig, latest_checkpoint
     from scratchlm.training.runlock import holder
 
     ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
@@ -215,6 +215,6 @@ def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
                            "training": holder(entry.run_dir) is not None}
     if ckpt is not None:
         check(ckpt / "config.json")
-        config = read_config(ckpt)
-        out.update(checkpoint=ckpt.name, step=config.get("step"), model=config.get("model"))
+        saved = SavedConfig.read(ckpt)
+        out.update(checkpoint=ckpt.name, step=saved.step, model=saved.model)
     return out

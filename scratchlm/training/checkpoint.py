@@ -5,7 +5,7 @@ Layout of a run directory:
     run_dir/
       ckpt-00000500/          one directory per save, complete or absent, never half-written
         model.safetensors     weights only (a tied lm_head.weight is stored once, as wte)
-        config.json           {"model": ..., "data": ..., "tokenizer": ..., "train": ..., "step": ...}
+        config.json           the run's settings and step (SavedConfig: the one type that writes and reads it)
         optimizer.pt          optimizer (and grad scaler) state, read with torch.load(weights_only=True)
         trainer_state.pt      step, tokens seen, RNG states, data stream position (same loader)
       latest                  text file naming the newest complete checkpoint directory
@@ -24,13 +24,15 @@ only after the new one is in place.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import json
 import os
 import re
 import shutil
-from pathlib import Path
 from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -55,6 +57,83 @@ _CKPT_RE = re.compile(r"^ckpt-(\d{8,})$")
 
 def checkpoint_name(step: int) -> str:
     return f"ckpt-{step:08d}"
+
+
+# --------------------------------------------------------------------------------------------
+# config.json
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SavedConfig:
+    """A checkpoint's config.json, the one place its format is written and read back:
+
+        {"model": GPTConfig's fields, "train": TrainConfig's, "data": DataConfig's,
+         "data_sources": [{"path", "bytes", "sha256"} of each source file],
+         "tokenizer": {"kind", "vocab_size", "bos_id", "eos_id"}, "step": optimizer steps done}
+
+    A training checkpoint holds every section. A weights-only one (save_model_checkpoint, as
+    import-hf writes) holds "model", "tokenizer" (kind and size) and what its writer adds
+    (`extra`, e.g. "imported_from"), and no step. A section a checkpoint lacks (an older one, a
+    weights-only one) reads back as None; the keys are written in the order above, extras after
+    "model", so a checkpoint written again is byte for byte what it was.
+    """
+
+    model: dict[str, Any]
+    train: dict[str, Any] | None = None
+    data: dict[str, Any] | None = None
+    data_sources: list[dict[str, Any]] | None = None
+    tokenizer: dict[str, Any] | None = None
+    step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        """config.json's object: the sections that are set, in the order of the format."""
+        values = {"model": self.model, **self.extra}
+        for name in _SECTIONS:
+            if getattr(self, name) is not None:
+                values[name] = getattr(self, name)
+        return values
+
+    def to_json(self) -> bytes:
+        return json.dumps(self.to_dict(), indent=2).encode("utf-8")
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "SavedConfig":
+        """The sections of a parsed config.json; one that is not what the format says is absent."""
+        kinds = {"train": dict, "data": dict, "data_sources": list, "tokenizer": dict}
+        sections = {name: values[name] for name, kind in kinds.items() if isinstance(values.get(name), kind)}
+        extra = {k: v for k, v in values.items() if k != "model" and k not in _SECTIONS}
+        return cls(values["model"], **sections, step=values.get("step"), extra=extra)
+
+    @classmethod
+    def read(cls, ckpt_dir: Path | str) -> "SavedConfig":
+        """The config.json of the checkpoint in ckpt_dir; a missing, damaged or foreign one is one
+        line naming the file."""
+        path = Path(ckpt_dir) / CONFIG_FILE
+        if not path.is_file():
+            raise UserError(f"{path}: missing; the checkpoint is incomplete")
+        try:
+            config = json.loads(path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise UserError(f"{path}: not valid JSON ({exc}); the file is damaged or truncated") from exc
+        if is_hf_config(config):
+            raise UserError(f"{path.parent}: this is a Hugging Face model folder, not a scratchlm checkpoint; "
+                            f"convert it first: scratchlm import-hf {path.parent} OUT_CKPT")
+        if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
+            raise UserError(f"{path}: has no 'model' section with the model configuration")
+        return cls.from_dict(config)
+
+    def model_config(self, ckpt_dir: Path | str) -> GPTConfig:
+        """The model section as a GPTConfig; every field must be there (a default could split the
+        same weights another way)."""
+        try:
+            return GPTConfig.from_dict(self.model, complete=True)
+        except UserError as exc:
+            raise UserError(f"{Path(ckpt_dir) / CONFIG_FILE}: bad model config ({exc})") from exc
+
+
+_SECTIONS = ("train", "data", "data_sources", "tokenizer", "step")
 
 
 # --------------------------------------------------------------------------------------------
@@ -288,7 +367,7 @@ def save_checkpoint(
     run_dir: Path | str,
     step: int,
     model_state: dict[str, torch.Tensor],
-    config: dict[str, Any],
+    config: SavedConfig,
     *,
     optimizer_state: dict | None = None,
     trainer_state: dict | None = None,
@@ -296,13 +375,13 @@ def save_checkpoint(
 ) -> Path:
     """Write run_dir/ckpt-<step>/ completely, then point run_dir/latest at it; return its path.
 
-    model_state: the model's (unwrapped, full) state dict. config: JSON-serialisable, with at least
-    a "model" entry holding GPTConfig.to_dict(). keep_last: after the new checkpoint is in place,
+    model_state: the model's (unwrapped, full) state dict. config: what config.json says (its step is
+    set to `step`). keep_last: after the new checkpoint is in place,
     delete all but the newest K checkpoints (None or 0 keeps all).
     """
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    model_config = GPTConfig.from_dict(config["model"])
+    model_config = GPTConfig.from_dict(config.model)
     name = checkpoint_name(step)
     final = run_dir / name
     if final.is_dir() and latest_checkpoint(run_dir) == final:
@@ -312,7 +391,7 @@ def save_checkpoint(
     tmp = _new_tmp_dir(run_dir, name)
     try:
         _write_weights(model_state, model_config, tmp / WEIGHTS_FILE)
-        _write_bytes_durably(tmp / CONFIG_FILE, json.dumps({**config, "step": step}, indent=2).encode("utf-8"))
+        _write_bytes_durably(tmp / CONFIG_FILE, dataclasses.replace(config, step=step).to_json())
         if optimizer_state is not None:
             _torch_save_durably(optimizer_state, tmp / OPTIMIZER_FILE)
         if trainer_state is not None:
@@ -367,13 +446,14 @@ def save_model_checkpoint(
     if out_dir.exists() and any(out_dir.iterdir()):
         raise UserError(f"{out_dir} already exists and is not empty; choose a new folder, or empty this one")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    config = {"model": model.config.to_dict(), **(extra_config or {})}
-    if tokenizer is not None:
-        config.setdefault("tokenizer", {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size})
+    config = SavedConfig.from_dict({"model": model.config.to_dict(), **(extra_config or {})})
+    if tokenizer is not None and config.tokenizer is None:
+        kind_and_size = {"kind": getattr(tokenizer, "kind", None), "vocab_size": tokenizer.vocab_size}
+        config = dataclasses.replace(config, tokenizer=kind_and_size)
     try:
         with staged_dir(out_dir, replace=False) as tmp:
             _write_weights(model.state_dict(), model.config, tmp / WEIGHTS_FILE)
-            _write_bytes_durably(tmp / CONFIG_FILE, json.dumps(config, indent=2).encode("utf-8"))
+            _write_bytes_durably(tmp / CONFIG_FILE, config.to_json())
             if tokenizer is not None:
                 save_tokenizer(tokenizer, tmp)
     except (OSError, SafetensorError) as exc:  # a full disk: name the folder, not the temporary one
@@ -427,22 +507,6 @@ def is_hf_config(config: Any) -> bool:
         "model_type" in config or "architectures" in config)
 
 
-def read_config(ckpt_dir: Path | str) -> dict[str, Any]:
-    path = Path(ckpt_dir) / CONFIG_FILE
-    if not path.is_file():
-        raise UserError(f"{path}: missing; the checkpoint is incomplete")
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise UserError(f"{path}: not valid JSON ({exc}); the file is damaged or truncated") from exc
-    if is_hf_config(config):
-        raise UserError(f"{path.parent}: this is a Hugging Face model folder, not a scratchlm checkpoint; "
-                        f"convert it first: scratchlm import-hf {path.parent} OUT_CKPT")
-    if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
-        raise UserError(f"{path}: has no 'model' section with the model configuration")
-    return config
-
-
 def load_tokenizer_near(ckpt_dir: Path) -> Any:
     """The tokenizer saved in the checkpoint directory or in its run directory, or None."""
     for directory in (ckpt_dir / TOKENIZER_DIR, ckpt_dir.parent / TOKENIZER_DIR):
@@ -457,15 +521,12 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     """Load (model in eval mode on `device`, tokenizer or None, info) from a run or checkpoint dir.
 
     info holds "checkpoint" (the directory read), "step" (None for weights-only checkpoints),
-    "config" (the whole config.json) and "model_config" (a GPTConfig). Nothing here unpickles
+    "config" (the whole config.json, as SavedConfig.to_dict gives it) and "model_config" (a GPTConfig). Nothing here unpickles
     arbitrary objects: weights come from safetensors.
     """
     ckpt = resolve_checkpoint(path)
-    config = read_config(ckpt)
-    try:
-        model_config = GPTConfig.from_dict(config["model"], complete=True)
-    except UserError as exc:
-        raise UserError(f"{ckpt / CONFIG_FILE}: bad model config ({exc})") from exc
+    saved = SavedConfig.read(ckpt)
+    model_config = saved.model_config(ckpt)
     check_model_fits(model_config, "cpu")  # the weights are read on the CPU first
     weights = _read_weights(ckpt / WEIGHTS_FILE)
     model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
@@ -474,7 +535,7 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
         raise UserError(f"{ckpt}: its tokenizer has {tokenizer.vocab_size} tokens but the model only {model_config.vocab_size}; "
                         "they do not belong together. Put the run's own tokenizer/ folder beside the checkpoint")
-    info = {"checkpoint": ckpt, "step": config.get("step"), "config": config, "model_config": model_config}
+    info = {"checkpoint": ckpt, "step": saved.step, "config": saved.to_dict(), "model_config": model_config}
     return model, tokenizer, info
 
 

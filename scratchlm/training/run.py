@@ -83,7 +83,7 @@ class Run:
         # --- data and tokenizer ---
         self.source = None
         if self.resume_ckpt is not None:
-            self.block_size = int(ckpt_io.read_config(self.resume_ckpt)["model"]["block_size"])
+            self.block_size = int(ckpt_io.SavedConfig.read(self.resume_ckpt).model["block_size"])
         elif cfg.init_from:  # its model and tokenizer: the new data is read with the source's tokenizer
             self.source = _load_source(cfg)
             self.block_size = self.source.model.config.block_size
@@ -189,7 +189,7 @@ class Run:
 
     def _announce(self) -> None:
         cfg, d, raw = self.cfg, self.d, self.raw_model
-        changed = {} if self.resume_ckpt is None else _changed_settings(ckpt_io.read_config(self.resume_ckpt), cfg)
+        changed = {} if self.resume_ckpt is None else _changed_settings(ckpt_io.SavedConfig.read(self.resume_ckpt), cfg)
         if changed:
             self.reporter.say("resuming with changed settings: "
                               + ", ".join(f"{name} {old} \u2192 {new}" for name, (old, new) in changed.items()))
@@ -297,10 +297,10 @@ class Run:
             trainer_state = {"step": at_step, "tokens_seen": self.tokens_seen, "bad_in_row": self.bad_in_row,
                              "bad_total": self.bad_total,
                              "elapsed_s": self.elapsed_before + (time.perf_counter() - self.t_start), "ranks": ranks}
-            config = {"model": self.model_config.to_dict(), "train": cfg.to_dict(),
-                      "data": _jsonable(asdict(_data_config(cfg))), "data_sources": _data_identity(self.meta),
-                      "tokenizer": {"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id,
-                                    "eos_id": tok.eos_id}}
+            config = ckpt_io.SavedConfig(
+                model=self.model_config.to_dict(), train=cfg.to_dict(), data=_jsonable(asdict(_data_config(cfg))),
+                data_sources=_data_identity(self.meta),
+                tokenizer={"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
             scaler = self.scaler.state_dict() if self.scaler.is_enabled() else None
             try:
                 path = ckpt_io.save_checkpoint(
@@ -397,10 +397,10 @@ def _cut_torn_log(path: Path) -> None:
               "before it are kept", file=sys.stderr)
 
 
-def _changed_settings(saved: dict, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+def _changed_settings(saved: ckpt_io.SavedConfig, cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
     """The training settings a resume changes: {name: (saved value, value now)} (how progress is
     shown, and where the run is, are not training settings)."""
-    then, now = saved.get("train") or {}, cfg.to_dict()
+    then, now = saved.train or {}, cfg.to_dict()
     return {name: (then[name], value) for name, value in now.items()
             if name not in ("resume", "out_dir", "progress") and name in then and then[name] != value}
 
@@ -459,9 +459,9 @@ def _check_same_data(run_dir: Path, ckpt: Path, meta: dict) -> None:
     """Refuse to resume on other data or another tokenizer than the run was trained on: its ids
     would silently mean other characters or words (a char tokenizer renumbers when one character
     goes; appended text shifts every batch)."""
-    saved = ckpt_io.read_config(ckpt)
-    then, now = saved.get("data_sources"), _data_identity(meta)
-    tokenizer = saved.get("tokenizer") or {}
+    saved = ckpt_io.SavedConfig.read(ckpt)
+    then, now = saved.data_sources, _data_identity(meta)
+    tokenizer = saved.tokenizer or {}
     what = None
     if then is not None and [(s["bytes"], s["sha256"]) for s in then] != [(s["bytes"], s["sha256"]) for s in now]:
         if len(then) != len(now):
@@ -517,8 +517,8 @@ def resume_config(run_dir: Path | str, **overrides: Any) -> TrainConfig:
         else:
             why = "not a run folder?"
         raise UserError(f"{run_dir}: no checkpoint to resume from ({why})")
-    saved = ckpt_io.read_config(ckpt).get("train")
-    if not isinstance(saved, dict):
+    saved = ckpt_io.SavedConfig.read(ckpt).train
+    if saved is None:
         raise UserError(f"{ckpt / ckpt_io.CONFIG_FILE}: has no training config; it cannot be resumed")
     try:
         TrainConfig.from_dict(saved, complete=True)

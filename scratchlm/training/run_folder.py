@@ -47,8 +47,8 @@ def take_run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Pa
         if not cfg.resume:
             return run_dir, None, lock
         resume_ckpt = ckpt_io.latest_checkpoint(run_dir)
-        saved = ckpt_io.read_config(resume_ckpt).get("train")
-        saved_optimizer = saved.get("optimizer", "adamw") if isinstance(saved, dict) else cfg.optimizer
+        saved = ckpt_io.SavedConfig.read(resume_ckpt).train
+        saved_optimizer = saved.get("optimizer", "adamw") if saved is not None else cfg.optimizer
         if saved_optimizer != cfg.optimizer:  # the two keep different state: one cannot continue the other
             raise UserError(f"{run_dir} was trained with --optimizer {saved_optimizer}; resume it with the same "
                             "optimizer (or start a new run)")
@@ -134,7 +134,7 @@ def kept_and_lost(run_dir: Path, last_good_ckpt: Path | None, step: int) -> str:
     if last_good_ckpt is None:
         return (f"Training stopped at step {step} with no checkpoint saved yet, so its steps are lost; free some "
                 "space and start the run again")
-    at = int(ckpt_io.read_config(last_good_ckpt).get("step", 0))
+    at = int(ckpt_io.SavedConfig.read(last_good_ckpt).step or 0)
     if at >= step:
         return f"Training stopped at step {step}; the checkpoint {last_good_ckpt} holds every step"
     return (f"Training stopped at step {step}; kept: {last_good_ckpt} (step {at}); lost: steps {at + 1}-{step}, which "

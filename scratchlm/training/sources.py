@@ -80,5 +80,5 @@ def load_source(path: str | Path, cache: Path) -> Source:
     if tokenizer is None:
         raise UserError(f"--init_from {path}: no tokenizer saved with it; a model cannot be trained on without one")
     folder = next(d for d in (ckpt / TOKENIZER_DIR, ckpt.parent / TOKENIZER_DIR) if d.is_dir())
-    step = f" at step {info['step']}" if info.get("step") is not None else ""
+    step = f" at step {info['step']}" if info["step"] is not None else ""
     return Source(model, tokenizer, folder, f"checkpoint {ckpt}{step}")
