@@ -79,3 +79,25 @@ def kernel_variant(request, monkeypatch):
     if loaded is None:
         pytest.skip(f"kernel variant {request.param}: {kernels.kernel_status()}")
     return loaded
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """A runs folder holding one trained run, `mixed` (English and Chinese text, a char tokenizer):
+    what the playground's tests serve. Trained once per test file that asks for it."""
+    from helpers import train_serve_run
+
+    base = tmp_path_factory.mktemp("serve")
+    folder = base / "runs"
+    train_serve_run(base, folder / "mixed")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def served(runs):
+    """The playground on `runs`, in a thread of this process, with the default limits."""
+    from helpers import Served
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs)) as s:
+        yield s

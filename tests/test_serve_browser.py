@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_serve import POEM, Served, active_streams, cli_generate, runs, wait_until  # noqa: F401 (runs: a fixture)
+from helpers import POEM, TINY_MODEL, Served, active_streams, cli_generate, wait_until
 
 CHROMIUM = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
 try:
@@ -285,8 +285,6 @@ def test_the_inside_tab_shows_the_parameter_table_and_the_walkthrough(page, runs
 def test_the_training_tab_follows_a_run_while_it_trains(page, runs):
     """A real `scratchlm train` in the runs folder: the curve grows and the page says it is
     training; when it ends, the page says so."""
-    from test_bad_input import TINY_MODEL
-
     data = runs.parent / "text.txt"
     live = runs / "live"
     env = {**os.environ, "SCRATCHLM_CACHE": str(runs.parent / "cache")}

@@ -22,8 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from test_bad_input import tree_hashes
-from test_serve import JSON, Served, active_streams, answer, runs  # noqa: F401 (runs: a fixture)
+from helpers import JSON, Served, active_streams, one_line_refusal, raw, tree_hashes
 
 
 class Command:
@@ -67,25 +66,7 @@ def untouched(runs, command):
     assert "Traceback" not in err and "Exception" not in err and err.count("\n") <= 2, err
 
 
-def raw(port: int, method: str, path: str, headers: dict[str, str], body: bytes | None = None) -> tuple[int, object]:
-    """(status, parsed JSON or text) of one request sent with exactly these headers (Host too)."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.putrequest(method, path, skip_host=True, skip_accept_encoding=True)
-    for name, value in headers.items():
-        conn.putheader(name, value)
-    if body is not None:
-        conn.putheader("Content-Length", str(len(body)))
-    conn.endheaders(body)
-    return answer(conn)
-
-
 GENERATE = json.dumps({"run": "mixed", "prompt": "The ", "max_new_tokens": 5, "seed": 1}).encode()
-
-
-def one_line_refusal(status: int, answer: object, expected: int, words: str) -> None:
-    assert status == expected, (status, answer)
-    assert isinstance(answer, dict) and words in answer["error"] and "\n" not in answer["error"], answer
-    assert len(answer["error"]) < 200
 
 
 # ------------------------------------------------------------------------------ who is answered

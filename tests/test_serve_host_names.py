@@ -10,8 +10,7 @@ import socket
 
 import pytest
 
-from test_serve import Served, runs  # noqa: F401 (runs: a fixture)
-from test_serve_hardening import one_line_refusal, raw
+from helpers import Served, one_line_refusal, raw, start_serve
 
 
 def test_allow_host_takes_one_bare_name_or_address():
@@ -32,9 +31,7 @@ def test_allow_host_takes_one_bare_name_or_address():
 def test_the_command_answers_an_allowed_name_and_no_other(runs):
     """`--allow-host box.local`: an /etc/hosts alias of this machine is answered, with the page's
     own Origin; any other name is still refused."""
-    from test_serve import _start_serve
-
-    proc, line = _start_serve("--runs", str(runs), "--port", "0", "--allow-host", "box.local")
+    proc, line = start_serve("--runs", str(runs), "--port", "0", "--allow-host", "box.local")
     try:
         port = int(line.split(":")[3].split("/")[0])
         status, answer = raw(port, "GET", "/api/runs", {"Host": f"box.local:{port}",
