@@ -1,169 +1,41 @@
-"""Text to batches: the built-in corpus, token shards, prepare, the cache, batch streams, padding,
-and every bad input through the command line."""
+"""Text to token shards (scratchlm/data/preparation.py): `prepare` (layout, splits, dtypes, its
+output folder), the cache, DataConfig, and what mutation testing found. Bad input through the
+command line is in test_data_bad_input.py."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.text.corpus import markdown_play_to_text, shakespeare_documents, shakespeare_files
 from scratchlm.data import (
-    BatchStream,
     DataConfig,
     ensure_prepared,
     is_prepared,
-    pad_batch,
-    padded_vocab_size,
     prepare,
     read_meta,
     read_shard,
     split_for_encoding,
-    write_shard,
 )
 from scratchlm.errors import UserError
 from scratchlm.text.tokenizer import get_tokenizer, load_tokenizer, train_tokenizer
 
 from conftest import SHARED_DATA, needs_shared
+from helpers import file_snapshot, write_file
 
 DATA = SHARED_DATA
 GPT2_DIR = DATA / "gpt2"
-REPO = Path(__file__).resolve().parents[1]
-
-
-# ------------------------------------------------------------------------------------- corpus
-
-PLAY_MD = """# A Play
-
-## ACT I
-
-### SCENE I. A street.
-
-_Enter ROMEO and
-JULIET_
-
-**ROMEO**  
-But soft, what light  
-_\\[Aside]_  
-through yonder window breaks?
-
-*Exit Juliet, and 
-returns.*
-
-It is the east.
-
-**JULIET**  
-[Within]_  
-Ay me! _\\[sighs]_ &amp; more\\--  
-
-### SCENE II. Elsewhere.
-
-**FIRST WATCH**  
-Stand!
-"""
-
-PLAY_TEXT = """ROMEO:
-But soft, what light
-through yonder window breaks?
-It is the east.
-
-JULIET:
-Ay me! sighs & more--
-
-FIRST WATCH:
-Stand!
-"""
-
-
-def test_markdown_play_to_text_by_hand():
-    assert markdown_play_to_text(PLAY_MD) == PLAY_TEXT
-
-
-def test_builtin_shakespeare_corpus():
-    files = shakespeare_files()
-    assert len(files) == 38 and all(f.suffix == ".md" for f in files)
-    texts = [text for _, text in shakespeare_documents()]
-    whole = "".join(texts)
-    assert 4_000_000 < len(whole.encode()) < 5_500_000
-    for marker in ("**", "_", "\\", "#", "&amp;"):
-        assert marker not in whole, marker
-    assert "To be, or not to be" in whole
-    # nearly every block is `SPEAKER:` then lines (a few dozen source quirks, like a bare "SONG.", are not)
-    blocks = [b.split("\n") for text in texts for b in text.split("\n\n")]
-    spoken = [b for b in blocks if b[0].endswith(":") and len(b[0]) < 40 and len(b) >= 2]
-    assert len(blocks) > 30_000 and len(spoken) / len(blocks) > 0.998
-
-
-# ------------------------------------------------------------------------------------- shards
-
-
-@settings(max_examples=40, deadline=None)
-@given(values=st.lists(st.integers(0, 2**32 - 1), max_size=300), wide=st.booleans())
-def test_shard_round_trip_and_header_by_hand(tmp_path_factory, values, wide):
-    path = tmp_path_factory.mktemp("shard") / "x.bin"
-    values = values if wide else [v % 65536 for v in values]
-    itemsize = 4 if wide else 2
-    write_shard(path, np.array(values, dtype=np.uint64), dtype="uint32" if wide else "uint16")
-    raw = path.read_bytes()
-    assert raw[:8] == b"SLMTOKEN"
-    assert int.from_bytes(raw[8:12], "little") == 1
-    assert int.from_bytes(raw[12:16], "little") == itemsize
-    assert int.from_bytes(raw[16:24], "little") == len(values)
-    assert len(raw) == 24 + itemsize * len(values)
-    assert [int.from_bytes(raw[24 + i * itemsize : 24 + (i + 1) * itemsize], "little") for i in range(len(values))] == values
-    back = read_shard(path)
-    assert back.dtype.itemsize == itemsize and back.tolist() == values
-
-
-def _corrupt(raw: bytes, how: str) -> bytes:
-    if how == "magic":
-        return b"NOTASHRD" + raw[8:]
-    if how == "version":
-        return raw[:8] + (7).to_bytes(4, "little") + raw[12:]
-    if how == "dtype":
-        return raw[:12] + (3).to_bytes(4, "little") + raw[16:]
-    if how == "truncated":
-        return raw[:-1]
-    if how == "trailing":
-        return raw + b"\0\0"
-    if how == "short_header":
-        return raw[:10]
-    raise AssertionError(how)
-
-
-@pytest.mark.parametrize("how, message", [
-    ("magic", "magic"), ("version", "version 7"), ("dtype", "3 bytes per id"), ("truncated", "truncated"),
-    ("trailing", "trailing bytes"), ("short_header", "truncated"),
-])
-def test_bad_shard_header_is_a_clear_error(tmp_path, how, message):
-    path = tmp_path / "train.bin"
-    write_shard(path, np.arange(10), dtype="uint16")
-    path.write_bytes(_corrupt(path.read_bytes(), how))
-    with pytest.raises(UserError, match=message) as info:
-        read_shard(path)
-    assert str(path) in str(info.value)
-
-
-def test_missing_shard_and_empty_shard(tmp_path):
-    with pytest.raises(UserError, match="no such token shard"):
-        read_shard(tmp_path / "nope.bin")
-    write_shard(tmp_path / "empty.bin", [], dtype="uint16")
-    assert len(read_shard(tmp_path / "empty.bin")) == 0
 
 
 # ------------------------------------------------------------------------------------- prepare
 
 
-def _write(path: Path, text: str) -> Path:
+def write_file(path: Path, text: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text, encoding="utf-8")
     return path
@@ -184,7 +56,7 @@ def _documents_of(stream: list[int], bos: int) -> list[list[int]]:
 def test_prepare_char_bos_layout_tail_split_and_meta(tmp_path):
     texts = {"b.txt": "to be or not to be\n", "a.txt": "ça va? ok\n", "sub/c.txt": "the end\n" * 30}
     for name, text in texts.items():
-        _write(tmp_path / "in" / name, text)
+        write_file(tmp_path / "in" / name, text)
     out = prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char"), tmp_path / "out", progress=False)
 
     order = ["a.txt", "b.txt", "sub/c.txt"]  # sorted by relative path
@@ -236,7 +108,7 @@ def test_prepare_jsonl_and_parquet_one_document_per_record(tmp_path):
 def test_prepare_documents_split_is_seeded_and_whole(tmp_path):
     docs = [f"document number {i}: " + "abc" * i for i in range(10)]
     for i, d in enumerate(docs):
-        _write(tmp_path / "in" / f"{i:02d}.txt", d)
+        write_file(tmp_path / "in" / f"{i:02d}.txt", d)
     cfg = DataConfig(data=str(tmp_path / "in"), tokenizer="char", split="documents", val_fraction=0.3, seed=5)
     a = prepare(cfg, tmp_path / "a", progress=False)
     b = prepare(cfg, tmp_path / "b", progress=False)
@@ -261,7 +133,7 @@ def test_prepare_documents_split_is_seeded_and_whole(tmp_path):
 def test_prepare_uint32_when_the_vocabulary_needs_it(tmp_path):
     code_points = [c for c in range(0x100, 0x100 + 66_000 + 2048) if not 0xD800 <= c <= 0xDFFF][:66_000]
     text = "".join(map(chr, code_points))
-    _write(tmp_path / "wide.txt", text)
+    write_file(tmp_path / "wide.txt", text)
     out = prepare(DataConfig(data=str(tmp_path / "wide.txt"), tokenizer="char", val_fraction=0.0), tmp_path / "out",
                   progress=False)
     train = read_shard(out / "train.bin")
@@ -272,7 +144,7 @@ def test_prepare_uint32_when_the_vocabulary_needs_it(tmp_path):
 @needs_shared("gpt2")
 def test_prepare_gpt2_offline(tmp_path):
     text = "Hello world\n" * 50
-    _write(tmp_path / "t.txt", text)
+    write_file(tmp_path / "t.txt", text)
     out = prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="gpt2",
                              tokenizer_file=str(GPT2_DIR / "gpt2.tiktoken")), tmp_path / "out", progress=False)
     stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
@@ -281,31 +153,31 @@ def test_prepare_gpt2_offline(tmp_path):
 
 
 def test_prepare_replaces_its_own_output_and_refuses_a_folder_with_a_users_file(tmp_path):
-    _write(tmp_path / "one.txt", "first version of the text\n" * 5)
+    write_file(tmp_path / "one.txt", "first version of the text\n" * 5)
     cfg = DataConfig(data=str(tmp_path / "one.txt"), tokenizer="char")
     out = prepare(cfg, tmp_path / "out", progress=False)
     assert (out / ".scratchlm-output").read_text() == "scratchlm prepare\n"  # the marker that makes it prepare's
-    _write(tmp_path / "one.txt", "a second, different text!\n" * 9)
+    write_file(tmp_path / "one.txt", "a second, different text!\n" * 9)
     prepare(cfg, out, progress=False)
     tok = load_tokenizer(out / "tokenizer")
     stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
     assert tok.decode(stream[1:]) == "a second, different text!\n" * 9
     assert sorted(p.name for p in out.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]
     (out / "notes.txt").write_text("mine")
-    before = _snapshot(out)
+    before = file_snapshot(out)
     with pytest.raises(UserError, match=r"holds files that `scratchlm prepare` did not write \(notes.txt\)"):
         prepare(cfg, out, progress=False)
-    assert _snapshot(out) == before
+    assert file_snapshot(out) == before
 
 
 def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
     import scratchlm.data.preparation as data_module
 
-    _write(tmp_path / "t.txt", "old text\n" * 20)
+    write_file(tmp_path / "t.txt", "old text\n" * 20)
     cfg = DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char")
     out = prepare(cfg, tmp_path / "out", progress=False)
-    before = _snapshot(out)
-    _write(tmp_path / "t.txt", "new text\n" * 20)
+    before = file_snapshot(out)
+    write_file(tmp_path / "t.txt", "new text\n" * 20)
     real_copy = data_module._copy_tokens
     calls = []
 
@@ -316,7 +188,7 @@ def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
     monkeypatch.setattr(data_module, "_copy_tokens", copy_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, out, progress=False)
-    assert calls and _snapshot(out) == before
+    assert calls and file_snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.txt"]
 
 
@@ -347,7 +219,7 @@ def _split_tokenizers() -> list:
 
 
 def test_ensure_prepared_reuses_and_notices_changes(tmp_path, monkeypatch):
-    src = _write(tmp_path / "t.txt", "some text for the cache\n" * 20)
+    src = write_file(tmp_path / "t.txt", "some text for the cache\n" * 20)
     cfg = DataConfig(data=str(src), tokenizer="char")
     first = ensure_prepared(cfg, tmp_path / "cache")
     assert is_prepared(first)
@@ -365,7 +237,7 @@ def test_ensure_prepared_reuses_and_notices_changes(tmp_path, monkeypatch):
 
     # a different setting or changed source lands in another folder
     assert ensure_prepared(DataConfig(data=str(src), tokenizer="char", val_fraction=0.2), tmp_path / "cache") != first
-    _write(src, "the text changed\n" * 20)
+    write_file(src, "the text changed\n" * 20)
     changed = ensure_prepared(cfg, tmp_path / "cache")
     assert changed != first and read_meta(changed)["sources"][0]["sha256"] == hashlib.sha256(src.read_bytes()).hexdigest()
 
@@ -377,130 +249,9 @@ def test_ensure_prepared_reuses_and_notices_changes(tmp_path, monkeypatch):
 
 def test_ensure_prepared_env_root(tmp_path, monkeypatch):
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "envcache"))
-    src = _write(tmp_path / "t.txt", "hello there\n" * 10)
+    src = write_file(tmp_path / "t.txt", "hello there\n" * 10)
     out = ensure_prepared(DataConfig(data=str(src), tokenizer="char"))
     assert out.parent == tmp_path / "envcache" / "data"  # the variable names scratchlm's whole cache folder
-
-
-# ------------------------------------------------------------------------------------- batches
-
-
-def test_targets_are_inputs_shifted_by_one():
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, 50, size=500).astype(np.uint16)
-    for mode in ("random", "sequential"):
-        stream = BatchStream(tokens, 4, 8, seed=1, mode=mode)
-        for _ in range(5):
-            x, y = stream.next_batch()
-            assert x.shape == y.shape == (4, 8) and x.dtype == y.dtype == torch.int64
-            assert torch.equal(x[:, 1:], y[:, :-1])
-    # with tokens equal to their positions, each row is a contiguous window and y = x + 1
-    positions = np.arange(1000, dtype=np.uint32)
-    for mode in ("random", "sequential"):
-        x, y = BatchStream(positions, 3, 16, seed=0, mode=mode).next_batch()
-        assert torch.equal(y, x + 1) and torch.equal(x[:, 1:] - x[:, :-1], torch.ones(3, 15, dtype=torch.int64))
-
-
-def test_same_seed_same_batches_different_seed_different():
-    tokens = np.arange(10_000, dtype=np.uint16)
-    a, b, c = (BatchStream(tokens, 4, 32, seed=s) for s in (7, 7, 8))
-    for _ in range(5):
-        xa, ya = a.next_batch()
-        xb, yb = b.next_batch()
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-    assert not torch.equal(BatchStream(tokens, 4, 32, seed=7).next_batch()[0], c.next_batch()[0])
-
-
-@pytest.mark.parametrize("mode", ["random", "sequential"])
-def test_ranks_see_disjoint_windows(mode):
-    tokens = np.arange(3000, dtype=np.uint16)  # a token's value is its position
-    W, B, T = 3, 4, 16
-    seen = []
-    for rank in range(W):
-        stream = BatchStream(tokens, B, T, seed=3, rank=rank, world_size=W, mode=mode)
-        positions: set[int] = set()
-        for _ in range(15):
-            x, _ = stream.next_batch()
-            positions.update(x.flatten().tolist())
-        seen.append(positions)
-    for i in range(W):
-        for j in range(i + 1, W):
-            assert not seen[i] & seen[j], (i, j)
-
-
-def test_sequential_epoch_predicts_every_token_once():
-    n, B, T = 1 + 16 * 10, 2, 16  # exactly 10 rows of T+1 sharing their edge tokens
-    stream = BatchStream(np.arange(n, dtype=np.uint16), B, T, seed=0, mode="sequential")
-    targets = [t for _ in range(5) for t in stream.next_batch()[1].flatten().tolist()]
-    assert sorted(targets) == list(range(1, n))
-
-
-@settings(max_examples=25, deadline=None)
-@given(k=st.integers(0, 30), mode=st.sampled_from(["random", "sequential"]), rank=st.integers(0, 1))
-def test_resume_continues_identically(k, mode, rank):
-    tokens = np.arange(5000, dtype=np.uint16)
-    a = BatchStream(tokens, 3, 20, seed=11, rank=rank, world_size=2, mode=mode)
-    for _ in range(k):
-        a.next_batch()
-    state = json.loads(json.dumps(a.state_dict()))  # survives a JSON round trip, as in a checkpoint
-    b = BatchStream(tokens, 3, 20, seed=11, rank=rank, world_size=2, mode=mode)
-    b.load_state_dict(state)
-    for _ in range(3):
-        xa, ya = a.next_batch()
-        xb, yb = b.next_batch()
-        assert torch.equal(xa, xb) and torch.equal(ya, yb)
-
-
-def test_stream_errors():
-    tokens = np.arange(40, dtype=np.uint16)
-    with pytest.raises(UserError, match="fewer than one window"):
-        BatchStream(tokens, 2, 40, seed=0)
-    with pytest.raises(UserError, match="per rank"):
-        BatchStream(tokens, 2, 16, seed=0, rank=0, world_size=3)
-    with pytest.raises(UserError, match="fewer than one window"):
-        BatchStream(tokens, 2, 40, seed=0, mode="sequential")
-    stream = BatchStream(tokens, 2, 8, seed=0)
-    with pytest.raises(UserError, match="batch_size"):
-        BatchStream(tokens, 3, 8, seed=0).load_state_dict(stream.state_dict())
-
-
-def test_stream_over_a_memmapped_shard(tmp_path):
-    write_shard(tmp_path / "s.bin", np.arange(300), dtype="uint16")
-    x, y = BatchStream(read_shard(tmp_path / "s.bin"), 2, 10, seed=0).next_batch()
-    assert torch.equal(y, x + 1)
-
-
-def test_pad_batch_by_hand():
-    x, y, mask = pad_batch([[5, 6, 7, 8], [9, 10]], pad_id=0)
-    assert x.tolist() == [[5, 6, 7], [9, 0, 0]]
-    assert y.tolist() == [[6, 7, 8], [10, -100, -100]]
-    assert mask.tolist() == [[1, 1, 1], [1, 0, 0]]
-    with pytest.raises(UserError):
-        pad_batch([[1]], pad_id=0)
-
-
-def test_padded_batch_loss_equals_separate_sequences():
-    from scratchlm.model.config import GPTConfig
-    from scratchlm.model.gpt import GPT
-
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=20, block_size=16, n_layer=2, n_head=2, n_embd=16)).eval()
-    seqs = [[1, 4, 5, 6, 7, 8, 9], [1, 2, 3], [1, 11, 12, 13, 14]]
-    x, y, mask = pad_batch(seqs, pad_id=0)
-    with torch.no_grad():
-        logits, loss = model(x, y, attention_mask=mask)
-        total, count = 0.0, 0
-        for b, s in enumerate(seqs):
-            alone_logits, alone_loss = model(torch.tensor([s[:-1]]), torch.tensor([s[1:]]))
-            n = len(s) - 1
-            assert torch.allclose(logits[b, :n], alone_logits[0], atol=1e-5)
-            total, count = total + alone_loss.item() * n, count + n
-    assert loss.item() == pytest.approx(total / count, abs=1e-5)
-
-
-def test_padded_vocab_size():
-    assert padded_vocab_size(50257) == 50304
-    assert (padded_vocab_size(64), padded_vocab_size(65), padded_vocab_size(67, 8)) == (64, 128, 72)
 
 
 # ------------------------------------------------------------------------------------- config
@@ -517,120 +268,6 @@ def test_data_config_checks_fields():
         assert info.value.field == field
     cfg = DataConfig(data=["a.txt", "b.txt"], tokenizer="char")
     assert DataConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-
-
-# ------------------------------------------------------------------------------------- bad input via the CLI
-
-BAD_INPUTS = {
-    # name: (files to create, prepare flags, words the error line must hold)
-    "empty input": ({"e.txt": b""}, ["--data", "{d}/e.txt", "--tokenizer", "char"], ["no text found"]),
-    "shorter than a window": ({"s.txt": b"tiny text"}, ["--data", "{d}/s.txt", "--tokenizer", "char", "--block-size", "64"],
-                              ["fewer than one window", "65"]),
-    "folder without text": ({"docs/notes.md": b"# not read"}, ["--data", "{d}/docs"], ["no .txt, .jsonl or .parquet"]),
-    "folder of empty text": ({"docs/a.txt": b"", "docs/b.jsonl": b""}, ["--data", "{d}/docs"], ["no text found"]),
-    "invalid utf-8": ({"bad.txt": b"hello\n\xffworld"}, ["--data", "{d}/bad.txt"], ["bad.txt", "byte offset 6", "--errors replace"]),
-    "invalid utf-8 in jsonl": ({"bad.jsonl": b'{"text": "ok"}\n{"text": "b\xc3("}\n'}, ["--data", "{d}/bad.jsonl"],
-                               ["bad.jsonl line 2", "byte offset 26"]),
-    "parquet without text": (None, ["--data", "{d}/p.parquet"], ["p.parquet", 'no "text" column', "body"]),
-    "vocab below bytes": ({"ok.txt": b"plenty of text\n" * 20}, ["--data", "{d}/ok.txt", "--vocab-size", "100"],
-                          ["byte alphabet", "258"]),
-    "missing path": ({}, ["--data", "{d}/nowhere.txt"], ["no such file or folder"]),
-    "unknown characters": ({"t.txt": b"abc cab!", "tok/tokenizer_config.json": b'{"kind": "char", "chars": "abc"}'},
-                           ["--data", "{d}/t.txt", "--tokenizer", "char", "--tokenizer-file", "{d}/tok"],
-                           ["not in the char tokenizer's vocabulary", "' '", "'!'"]),
-    "one document, documents split": ({"one.txt": b"a single document\n" * 20}, ["--data", "{d}/one.txt", "--split", "documents"],
-                                      ["all 1 document(s)"]),
-    "vocab for char": ({"ok.txt": b"text\n"}, ["--data", "{d}/ok.txt", "--tokenizer", "char", "--vocab-size", "50"],
-                       ["vocab_size"]),
-}
-
-
-def _snapshot(folder: Path) -> dict[str, bytes]:
-    return {p.relative_to(folder).as_posix(): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _make_bad_input(name: str, d: Path) -> list[str]:
-    """Create the case's files and an earlier prepare's output in d; return the prepare argv."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    files, flags, _ = BAD_INPUTS[name]
-    if files is None:
-        pq.write_table(pa.table({"body": ["a", "b"]}), d / "p.parquet")
-    else:
-        for rel, content in files.items():
-            (d / rel).parent.mkdir(parents=True, exist_ok=True)
-            (d / rel).write_bytes(content)
-    out = d / "out"  # an earlier prepare's output (its marker says so) that a failed run must leave alone
-    (out / "tokenizer").mkdir(parents=True)
-    for rel, content in {"train.bin": b"old train", "val.bin": b"old val", "meta.json": b"{}",
-                         "tokenizer/tokenizer_config.json": b"{}", ".scratchlm-output": b"scratchlm prepare\n"}.items():
-        (out / rel).write_bytes(content)
-    return ["prepare", *[f.format(d=d) for f in flags], "--out", str(out)]
-
-
-def _check_bad_input_result(name: str, code: int, stderr: str, before: dict, d: Path) -> None:
-    lines = stderr.strip().splitlines()
-    assert code == 2, stderr
-    assert len(lines) == 1 and lines[0].startswith("error: "), stderr
-    for words in BAD_INPUTS[name][2]:
-        assert words in lines[0], (words, lines[0])
-    assert _snapshot(d) == before  # every file byte-identical, nothing added (no staging folder left)
-    assert not any(p.name.startswith(".") and p.name != ".scratchlm-output" for p in d.rglob("*"))
-
-
-@pytest.mark.parametrize("name", list(BAD_INPUTS))
-def test_bad_input_gives_one_error_line_and_touches_nothing(tmp_path, capsys, monkeypatch, name):
-    from scratchlm.cli.main import main
-
-    monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))
-    d = tmp_path / "case"
-    d.mkdir()
-    argv = _make_bad_input(name, d)
-    before = _snapshot(d)
-    code = main(argv)
-    _check_bad_input_result(name, code, capsys.readouterr().err, before, d)
-
-
-def _run_cli_processes(tmp_path: Path, names: list[str]) -> None:
-    """Each case as its own `python -m scratchlm prepare`, all started at once (each process spends
-    most of its time importing torch, so running them side by side saves time)."""
-    runs = {}
-    for i, name in enumerate(names):
-        d = tmp_path / f"case{i}"
-        d.mkdir()
-        argv = [sys.executable, "-m", "scratchlm", *_make_bad_input(name, d)]
-        before = _snapshot(d)
-        env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
-        runs[name] = (subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO, env=env),
-                      d, before)
-    for name, (proc, d, before) in runs.items():
-        _, stderr = proc.communicate(timeout=300)
-        _check_bad_input_result(name, proc.returncode, stderr, before, d)
-
-
-def test_bad_input_as_a_process(tmp_path):
-    _run_cli_processes(tmp_path, ["invalid utf-8"])
-
-
-@pytest.mark.slow
-def test_every_bad_input_as_a_process(tmp_path):
-    _run_cli_processes(tmp_path, list(BAD_INPUTS))
-
-
-def test_cli_prepare_success_with_errors_replace(tmp_path):
-    _write(tmp_path / "ok.txt", "")
-    (tmp_path / "bad.txt").write_bytes("good text, ".encode() * 10 + b"\xff end\n")
-    out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "scratchlm", "prepare", "--data", str(tmp_path / "bad.txt"), "--tokenizer", "char",
-         "--errors", "replace", "--out", str(out)],
-        capture_output=True, text=True, cwd=REPO, env={**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "c")}, timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    assert "MB/s" in proc.stdout and "train" in proc.stdout
-    tok = load_tokenizer(out / "tokenizer")
-    stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
-    assert tok.decode(stream[1:]) == "good text, " * 10 + "\ufffd end\n"
 
 
 # ------------------------------------------------------------------------------------- what mutation testing found
@@ -655,7 +292,7 @@ def test_split_for_encoding_pieces_are_at_least_the_target_long():
 
 
 def test_progress_bar_shows_only_when_asked(tmp_path, capfd):
-    _write(tmp_path / "t.txt", "some text to encode\n" * 50)
+    write_file(tmp_path / "t.txt", "some text to encode\n" * 50)
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "quiet", progress=False)
     assert "encoding" not in capfd.readouterr().err
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "shown", progress=True)
@@ -664,7 +301,7 @@ def test_progress_bar_shows_only_when_asked(tmp_path, capfd):
 
 def test_a_split_of_exactly_one_window_is_enough_and_one_less_is_refused(tmp_path):
     """block_size + 1 tokens make one window (an input of block_size and its shifted target)."""
-    _write(tmp_path / "t.txt", "abcdefghij" * 10)  # BOS + 100 characters: 101 tokens
+    write_file(tmp_path / "t.txt", "abcdefghij" * 10)  # BOS + 100 characters: 101 tokens
     cfg = dict(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.0)
     prepare(DataConfig(**cfg, block_size=100), tmp_path / "fits", progress=False)  # 101 = 100 + 1: one window
     with pytest.raises(UserError) as info:
@@ -675,7 +312,7 @@ def test_a_split_of_exactly_one_window_is_enough_and_one_less_is_refused(tmp_pat
 
 
 def test_a_cached_folder_still_checks_the_validation_window(tmp_path):
-    _write(tmp_path / "t.txt", "abcdefghij" * 30)
+    write_file(tmp_path / "t.txt", "abcdefghij" * 30)
     base = dict(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1)
     ensure_prepared(DataConfig(**base, block_size=8), tmp_path / "cache", progress=False)  # val: about 30 tokens
     with pytest.raises(UserError, match="the validation split holds"):
@@ -685,7 +322,7 @@ def test_a_cached_folder_still_checks_the_validation_window(tmp_path):
 def test_document_counts_of_both_splits_by_hand(tmp_path):
     docs = ["aaaa", "bb", "cccccc", "d", "eeeee"]  # with BOS: 5, 3, 7, 2, 6 tokens; starts 0, 5, 8, 15, 17 of 23
     for i, d in enumerate(docs):
-        _write(tmp_path / "in" / f"{i}.txt", d)
+        write_file(tmp_path / "in" / f"{i}.txt", d)
     tail = read_meta(prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char", val_fraction=0.3),
                              tmp_path / "tail", progress=False))
     # n_train = int(23 * 0.7) = 16: the BOS at 0, 5, 8 and 15 lie in train, the one at 17 in validation
@@ -703,10 +340,10 @@ def test_prepared_folder_and_its_replacement_tokenizer(tmp_path):
 
     from scratchlm.fileio import umask
 
-    _write(tmp_path / "t.txt", "abc abc\n" * 20)
+    write_file(tmp_path / "t.txt", "abc abc\n" * 20)
     out = prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), tmp_path / "out", progress=False)
     assert stat.S_IMODE(out.stat().st_mode) == 0o777 & ~umask()
-    _write(tmp_path / "t.txt", "xyz xyz\n" * 20)
+    write_file(tmp_path / "t.txt", "xyz xyz\n" * 20)
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), out, progress=False)
     assert load_tokenizer(out / "tokenizer").chars == sorted(set("xyz xyz\n"))
 
@@ -714,7 +351,7 @@ def test_prepared_folder_and_its_replacement_tokenizer(tmp_path):
 def test_cache_folder_is_named_after_the_data_file(tmp_path):
     from scratchlm.data.preparation import cache_dir
 
-    _write(tmp_path / "my_poems.txt", "a poem\n" * 10)
+    write_file(tmp_path / "my_poems.txt", "a poem\n" * 10)
     folder = cache_dir(DataConfig(data=str(tmp_path / "my_poems.txt"), tokenizer="char"), tmp_path / "cache")
     assert folder.parent == tmp_path / "cache" and folder.name.startswith("my_poems-char-")
 
@@ -722,7 +359,7 @@ def test_cache_folder_is_named_after_the_data_file(tmp_path):
 def test_without_a_block_size_two_tokens_make_a_split_and_one_does_not(tmp_path):
     """With no block size a split needs an input and its target: 2 tokens (BOS + 1 character)."""
     cfg = dict(tokenizer="char", val_fraction=0.0)
-    _write(tmp_path / "one.txt", "a")  # BOS + 1 character
+    write_file(tmp_path / "one.txt", "a")  # BOS + 1 character
     meta = read_meta(prepare(DataConfig(data=str(tmp_path / "one.txt"), **cfg), tmp_path / "fits", progress=False))
     assert meta["train_tokens"] == 2
     with pytest.raises(UserError, match=r"the train split holds 1 tokens, fewer than 2 tokens \(an input and its target\)"):
@@ -734,12 +371,12 @@ def test_tail_split_document_counts_at_the_cut_and_for_the_last_document(tmp_pat
     """A document whose BOS lies exactly on the cut belongs to validation; the last document
     counts for training when its BOS lies before the cut."""
     for i, d in enumerate(["aaaa", "b", "cc"]):  # with BOS: 5, 2, 3 tokens; starts 0, 5, 7 of 10
-        _write(tmp_path / "cut" / f"{i}.txt", d)
+        write_file(tmp_path / "cut" / f"{i}.txt", d)
     meta = read_meta(prepare(DataConfig(data=str(tmp_path / "cut"), tokenizer="char", val_fraction=0.3),
                              tmp_path / "at-cut", progress=False))
     assert (meta["train_documents"], meta["val_documents"]) == (2, 1)  # n_train = int(10 * 0.7) = 7: BOS at 7 is val
     for i, d in enumerate(["aaaa", "bbbbbbb"]):  # 5 and 8 tokens; starts 0, 5 of 13
-        _write(tmp_path / "last" / f"{i}.txt", d)
+        write_file(tmp_path / "last" / f"{i}.txt", d)
     meta = read_meta(prepare(DataConfig(data=str(tmp_path / "last"), tokenizer="char", val_fraction=0.1),
                              tmp_path / "last-out", progress=False))
     assert (meta["train_documents"], meta["val_documents"]) == (2, 0)  # n_train = 11: both BOS in train
@@ -748,7 +385,7 @@ def test_tail_split_document_counts_at_the_cut_and_for_the_last_document(tmp_pat
 def test_preparing_into_an_empty_folder_and_after_a_killed_first_try(tmp_path):
     """An empty folder is taken; so is one that holds only what a prepare killed there left (its
     stale lock file, staging folder and a marker's temporary file), which the next prepare removes."""
-    _write(tmp_path / "t.txt", "abcdefghij" * 10)
+    write_file(tmp_path / "t.txt", "abcdefghij" * 10)
     out = tmp_path / "out"
     out.mkdir()
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char", val_fraction=0.1), out, progress=False)
