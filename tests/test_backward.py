@@ -10,7 +10,7 @@ import torch
 
 from scratchlm.reference import numpy_backward as back
 from scratchlm.reference import numpy_gpt as ref
-from test_reference import VARIANTS, _config, _ids_and_targets, _perturbed_model, _variant_id
+from helpers import VARIANTS, ids_and_targets, perturbed_model, variant_config, variant_id
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -22,10 +22,10 @@ def _torch_grads(model, ids, targets) -> dict[str, np.ndarray]:
     return {n: p.grad.numpy() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_every_gradient_equals_torch_autograd(variant):
-    model = _perturbed_model(_config(*variant), torch.float64)
-    ids, targets = _ids_and_targets()
+    model = perturbed_model(variant_config(*variant), torch.float64)
+    ids, targets = ids_and_targets()
     want = _torch_grads(model, ids, targets)
     params = ref.params_from_state_dict(model.state_dict())
     if model.config.tie_weights:
@@ -40,8 +40,8 @@ def test_every_gradient_equals_torch_autograd(variant):
 
 def test_gradient_equals_finite_differences():
     """An independent judge besides autograd: central differences of the NumPy loss itself."""
-    model = _perturbed_model(_config("rope", "rmsnorm", "swiglu", "post", True, "bias"), torch.float64)
-    ids, targets = _ids_and_targets(3)
+    model = perturbed_model(variant_config("rope", "rmsnorm", "swiglu", "post", True, "bias"), torch.float64)
+    ids, targets = ids_and_targets(3)
     params = ref.params_from_state_dict(model.state_dict())
     params.pop("lm_head.weight")
     cfg = model.config
@@ -67,7 +67,7 @@ def test_adamw_steps_equal_torch(weight_decay, fused):
     from scratchlm.training.optim import make_optimizer
     from scratchlm.training.train_config import TrainConfig
 
-    model = _perturbed_model(_config("learned", "layernorm", "gelu", "pre", False, "bias"), torch.float64)
+    model = perturbed_model(variant_config("learned", "layernorm", "gelu", "pre", False, "bias"), torch.float64)
     cfg = TrainConfig(lr=0.05, beta1=0.8, beta2=0.95, weight_decay=weight_decay)
     opt = make_optimizer(model, cfg, torch.device("cpu"))
     if not fused:
@@ -76,7 +76,7 @@ def test_adamw_steps_equal_torch(weight_decay, fused):
     ours = {n: p.detach().numpy().copy() for n, p in model.named_parameters()}
     moments = {n: (np.zeros_like(p), np.zeros_like(p)) for n, p in ours.items()}
     for step in range(1, 4):
-        ids, targets = _ids_and_targets(step)
+        ids, targets = ids_and_targets(step)
         grads = _torch_grads(model, ids, targets)
         opt.step()
         for name, p in model.named_parameters():

@@ -21,51 +21,13 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.model.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS, GPTConfig
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.reference import numpy_gpt as ref
 
+from helpers import VARIANTS, T, V, ids_and_targets, perturbed_model, variant_config, variant_id
+
 REFERENCE_DIR = Path(ref.__file__).resolve().parent
-V, T, B = 11, 6, 2
-
-BIASES = {
-    "bias": dict(qkv_bias=True, proj_bias=True, mlp_bias=True, lm_head_bias=True),
-    "nobias": dict(qkv_bias=False, proj_bias=False, mlp_bias=False, lm_head_bias=False),
-}
-VARIANTS = list(itertools.product(POS_EMBEDDINGS, NORMS, ACTIVATIONS, NORM_POSITIONS, (False, True), BIASES))
-
-
-def _variant_id(v) -> str:
-    pos, norm, act, where, tie, bias = v
-    return f"{pos}-{norm}-{act}-{where}-{'tied' if tie else 'untied'}-{bias}"
-
-
-def _config(pos="learned", norm="layernorm", act="relu", where="pre", tie=False, bias="bias", **extra) -> GPTConfig:
-    return GPTConfig(
-        vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=8, pos_embedding=pos, norm=norm,
-        activation=act, norm_position=where, tie_weights=tie, **BIASES[bias], **extra,
-    )
-
-
-def _perturbed_model(cfg: GPTConfig, dtype: torch.dtype, seed: int = 0) -> GPT:
-    torch.manual_seed(seed)
-    model = GPT(cfg).eval()
-    with torch.no_grad():
-        for p in model.parameters():  # a tied matrix is one parameter, perturbed once
-            p.add_(0.3 * torch.randn_like(p))
-    if dtype == torch.float64:
-        model = model.double()
-    return model
-
-
-def _ids_and_targets(seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(0, V, (B, T), generator=g)
-    targets = torch.randint(0, V, (B, T), generator=g)
-    targets[0, -2:] = -100  # padding-style targets that the loss must leave out
-    targets[1, 0] = -100
-    return ids, targets
-
 
 TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 
@@ -73,12 +35,12 @@ TOLERANCE = {torch.float32: 1e-4, torch.float64: 1e-10}
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=_variant_id)
+@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
 def test_logits_and_loss_match_torch(variant, dtype):
-    cfg = _config(*variant)
-    model = _perturbed_model(cfg, dtype)
-    ids, targets = _ids_and_targets()
+    cfg = variant_config(*variant)
+    model = perturbed_model(cfg, dtype)
+    ids, targets = ids_and_targets()
     with torch.no_grad():
         logits, loss = model(ids, targets)
     params = ref.params_from_state_dict(model.state_dict())
@@ -112,8 +74,8 @@ def test_mixed_bias_switches(variant, biases):
     pos, norm, act, where, tie = variant
     cfg = GPTConfig(vocab_size=V, block_size=T, n_layer=2, n_head=2, n_embd=8, pos_embedding=pos, norm=norm,
                     activation=act, norm_position=where, tie_weights=tie, n_inner=12, **biases)
-    model = _perturbed_model(cfg, torch.float64, seed=3)
-    ids, _ = _ids_and_targets()
+    model = perturbed_model(cfg, torch.float64, seed=3)
+    ids, _ = ids_and_targets()
     with torch.no_grad():
         logits, _ = model(ids)
     params = ref.params_from_state_dict(model.state_dict())
@@ -123,9 +85,9 @@ def test_mixed_bias_switches(variant, biases):
 @pytest.mark.parametrize("variant", [("learned", "layernorm", "relu", "pre"), ("rope", "rmsnorm", "swiglu", "post"),
                                      ("sinusoidal", "layernorm", "gelu", "post"), ("none", "rmsnorm", "gelu_tanh", "pre")], ids=str)
 def test_padded_batch_matches_torch_and_unpadded_rows(variant):
-    cfg = _config(*variant)
-    model = _perturbed_model(cfg, torch.float64, seed=5)
-    ids, _ = _ids_and_targets(seed=7)
+    cfg = variant_config(*variant)
+    model = perturbed_model(cfg, torch.float64, seed=5)
+    ids, _ = ids_and_targets(seed=7)
     lengths = [4, 6]
     mask = torch.tensor([[1] * n + [0] * (T - n) for n in lengths])
     with torch.no_grad():
@@ -142,10 +104,10 @@ def test_padded_batch_matches_torch_and_unpadded_rows(variant):
 @pytest.mark.parametrize("variant", [("learned", "layernorm", "relu", "pre"), ("rope", "rmsnorm", "swiglu", "post")], ids=str)
 def test_trace_intermediates_match_torch(variant):
     """The walkthrough prints the trace, so its parts must equal what the torch model computes."""
-    cfg = _config(*variant)
-    model = _perturbed_model(cfg, torch.float64, seed=9)
+    cfg = variant_config(*variant)
+    model = perturbed_model(cfg, torch.float64, seed=9)
     model.set_attention_impl("explicit")
-    ids, _ = _ids_and_targets()
+    ids, _ = ids_and_targets()
     seen: dict[str, torch.Tensor] = {}
     hooks = []
     for i, block in enumerate(model.transformer.h):
@@ -175,10 +137,10 @@ def test_trace_intermediates_match_torch(variant):
 
 
 def test_trace_keys_are_documented():
-    cfgs = [_config("rope", act="swiglu"), _config("learned", where="post")]
+    cfgs = [variant_config("rope", act="swiglu"), variant_config("learned", where="post")]
     keys = set()
     for cfg in cfgs:
-        params = ref.params_from_state_dict(_perturbed_model(cfg, torch.float32).state_dict())
+        params = ref.params_from_state_dict(perturbed_model(cfg, torch.float32).state_dict())
         keys |= set(ref.forward_trace(np.arange(4), params, cfg, targets=np.arange(1, 5)))
     doc = ref.__doc__
     for key in keys:
@@ -190,9 +152,9 @@ def test_trace_keys_are_documented():
 
 
 def test_params_from_plain_arrays_and_dict_config():
-    cfg = _config("sinusoidal", "rmsnorm", "gelu", "post", True)
-    model = _perturbed_model(cfg, torch.float32)
-    ids, _ = _ids_and_targets()
+    cfg = variant_config("sinusoidal", "rmsnorm", "gelu", "post", True)
+    model = perturbed_model(cfg, torch.float32)
+    ids, _ = ids_and_targets()
     with torch.no_grad():
         logits, _ = model(ids)
     arrays = {k: v.numpy().copy() for k, v in model.state_dict().items() if k != "lm_head.weight"}
