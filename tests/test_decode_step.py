@@ -8,6 +8,7 @@ reference), so a wrong norm, activation, position, head split or cache write sho
 from __future__ import annotations
 
 import contextlib
+import ctypes
 
 import pytest
 import torch
@@ -190,32 +191,58 @@ def test_two_threads_share_the_work_and_get_the_same_result(kernel_variant, name
 @pytest.mark.parametrize("threads", [1, 2])
 def test_every_matrix_row_is_computed_once_and_two_threads_share_them(kernel_variant, threads):
     """decode_step.c's matrices (linear_team) share their rows out among the team: counted by the
-    kernel itself while the test asks, every (weight row, input row) product of a step is computed
-    exactly once, by thread 0 alone with one thread, and by both with two. The counts come from
-    the loop that computes, not from a copy of it (MUTATION, issue 21: `omp for` removed gave
-    every thread every row, and the results were still right)."""
+    kernel itself (its counting entry, put in the step's place here: the step itself counts
+    nothing), every (weight row, input row) product of a step is computed exactly once, by thread
+    0 alone with one thread, and by both with two. The counts come from the loop that computes,
+    not from a copy of it (MUTATION, issue 21: `omp for` removed gave every thread every row, and
+    the results were still right)."""
     model = _model(2, **FUSED_VARIANTS["gpt2"])
     C, V, n_layer = model.config.n_embd, model.config.vocab_size, model.config.n_layer
     hidden = model.transformer.h[0].mlp.c_fc.out_features
     B, steps = 2, 6
     idx = torch.randint(0, V, (B, steps + 1), generator=torch.Generator().manual_seed(0))
     step = Decoder.build(model, "float32").step
-    library = kernels.cpu_kernels()  # the variant's library, the one the step calls
+    counted = kernels.cpu_kernels().lib.scratchlm_decode_step_counted  # the variant's library, the step's
+    rows_of_thread = torch.zeros(4, dtype=torch.int64)
+    step._fn = lambda *args: counted(*args, rows_of_thread.data_ptr())  # an instance attribute: this step only
     cache = KVCache(model.config, B)
     torch.set_num_threads(threads)  # the fixture puts it back
     with torch.no_grad():
         decoding_model(model, "float32").forward_hidden(idx[:, :1], kv_cache=cache)
-        library.count_rows(1)
-        try:
-            for n in range(1, steps + 1):
-                assert step(idx[:, n : n + 1], cache) is not None
-            counts = [library.rows_of_thread(t) for t in range(4)]
-        finally:
-            library.count_rows(0)
+        for n in range(1, steps + 1):
+            assert step(idx[:, n : n + 1], cache) is not None
+    counts = rows_of_thread.tolist()
     per_step = B * n_layer * (3 * C + C + hidden + C) + B * V  # qkv, attention out, fc, mlp out; the head
     assert sum(counts) == steps * per_step, (counts, per_step)
     assert counts[threads:] == [0] * (4 - threads)
     assert all(c > 0 for c in counts[:threads]), counts  # each thread of the team took rows
+
+
+def test_the_scratch_is_allocated_once_per_copy_and_too_little_is_refused(kernel_variant):
+    """A step works in the scratch its decoding copy allocated once (grown only for more threads),
+    and decode_step.c refuses a scratch smaller than the size it asks for, writing nothing."""
+    model = _model(3, **FUSED_VARIANTS["llama"])
+    step = Decoder.build(model, "float32").step
+    torch.set_num_threads(1)  # the fixture puts it back
+    cache = KVCache(model.config, 1)
+    idx = torch.randint(0, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(3))
+    address, size = step._scratch_for(1)
+    with torch.no_grad():
+        for n in range(4):
+            assert step(idx[:, n : n + 1], cache) is not None
+        assert step._scratch_for(1) == (address, size)  # the same memory at every token
+        torch.set_num_threads(2)
+        assert step(idx[:, :1], KVCache(model.config, 1)) is not None
+    assert step._scratch_for(2)[1] > size  # room for a second thread's part
+    library = kernel_variant.lib
+    assert size == library.scratchlm_decode_scratch_bytes(ctypes.byref(step._model), 1)
+    k_before, v_before = cache.k.clone(), cache.v.clone()
+    logits = torch.full((1, model.config.vocab_size), 7.0)
+    rc = library.scratchlm_decode_step(ctypes.byref(step._model), idx[:, :1].contiguous().data_ptr(), 1, 1,
+                                       cache.length, cache.k.data_ptr(), cache.v.data_ptr(), logits.data_ptr(), 1,
+                                       address, size - 1)
+    assert rc == -1
+    assert torch.equal(cache.k, k_before) and torch.equal(cache.v, v_before) and bool((logits == 7.0).all())
 
 
 def test_models_and_calls_it_does_not_take_go_the_usual_way():

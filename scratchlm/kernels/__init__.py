@@ -212,61 +212,61 @@ def _build(cc: str, variant: str = "native") -> tuple[Path, list[str]]:
             os.unlink(tmp)
 
 
+_P, _I64, _INT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+_GEMV = [_P] * 4 + [_I64] * 3 + [_INT]  # weight, x, bias, y; m, n_out, k; parallel
+_STEP = [_P, _P, *[_I64] * 3, *[_P] * 3, _INT, _P, _I64]  # model, ids; B, T, pos; k, v, logits; threads; scratch
+
+# Every function of the library: C name -> (result type, argument types), each argument's meaning
+# in its C file. CpuKernels sets these on the library once, so that a call passes exactly these.
+SIGNATURES: dict[str, tuple[type | None, list[type]]] = {
+    # gemv_bf16.c: y = x W^T + b
+    "scratchlm_gemv_bf16": (_INT, _GEMV),
+    "scratchlm_gemv_f32": (_INT, _GEMV),
+    "scratchlm_gemv_f32_owners": (_INT, [*_GEMV, _P]),  # and which thread took each row: for tests
+    "scratchlm_gemv_max_rows": (_INT, []),
+    "scratchlm_gemv_uses_dpbf16": (_INT, []),
+    "scratchlm_kernel_path": (ctypes.c_char_p, []),
+    "scratchlm_kernel_rounds_input": (_INT, []),
+    # attend_one.c: qkv, k_cache, v_cache, out; B, H, hs, t_max, pos; parallel
+    "scratchlm_attend_one": (_INT, [*[_P] * 4, *[_I64] * 5, _INT]),
+    # decode_step.c, called by decode_step.FusedDecodeStep
+    "scratchlm_decode_scratch_bytes": (_I64, [_P, _I64]),  # model, threads
+    "scratchlm_decode_step": (_INT, _STEP),
+    "scratchlm_decode_step_counted": (_INT, [*_STEP, _P]),  # and the rows each thread computed: for tests
+    "scratchlm_decode_greedy": (_INT, [_P, _P, *[_I64] * 3, *[_P] * 4, _INT, _P, _I64]),  # ... logits, out; ...
+    # train_attention.c and train_gelu.c, called by train_ops
+    "scratchlm_train_attention_forward": (_INT, [*[_P] * 5, *[_I64] * 4, _INT]),
+    "scratchlm_train_attention_backward": (_INT, [*[_P] * 6, *[_I64] * 4, _INT]),
+    "scratchlm_train_attention_max_t": (_I64, []),
+    "scratchlm_train_attention_max_hs": (_I64, []),
+    "scratchlm_train_attention_hs_multiple": (_I64, []),
+    "scratchlm_train_attention_row_stride": (_I64, [_I64]),  # (T) -> floats a row of weights takes
+    "scratchlm_gelu_forward": (_INT, [*[_P] * 3, _I64, _INT]),
+}
+
+
 class CpuKernels:
     """The loaded library. `__call__(x, weight, bias)` is F.linear(x, weight, bias) for x of at
     most `max_rows` rows (float32), weight (out, in) bfloat16 or float32, bias float32 or None; the
-    result is float32, the products summed in float32. `attend_one` is a decoding step's attention."""
+    result is float32, the products summed in float32. `attend_one` is a decoding step's attention.
+    `lib` is the library itself, its functions declared as SIGNATURES says."""
 
     def __init__(self, lib: ctypes.CDLL, path: Path, variant: str = "native", flags: list[str] | None = None):
         self.path = path
         self.variant = variant
         self.flags = list(flags or [])
-        self._fn = lib.scratchlm_gemv_bf16
-        self._fn.restype = ctypes.c_int
-        self._fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 3 + [ctypes.c_int]
-        self._fn_f32 = lib.scratchlm_gemv_f32
-        self._fn_f32.restype = ctypes.c_int
-        self._fn_f32.argtypes = self._fn.argtypes
-        self._owners = lib.scratchlm_gemv_f32_owners
-        self._owners.restype = ctypes.c_int
-        self._owners.argtypes = self._fn.argtypes + [ctypes.c_void_p]
+        for name, (restype, argtypes) in SIGNATURES.items():
+            fn = getattr(lib, name)  # ctypes keeps the one object per name, with what is set here
+            fn.restype, fn.argtypes = restype, argtypes
+        self.lib = lib
         self.max_rows = lib.scratchlm_gemv_max_rows()
         self.uses_dpbf16 = bool(lib.scratchlm_gemv_uses_dpbf16())
-        lib.scratchlm_kernel_path.restype = ctypes.c_char_p
         self.loop = lib.scratchlm_kernel_path().decode()  # which loop of bf16_dot.h: "avx512-bf16", "avx512f", ...
         # True where a bfloat16 product rounds its float32 input to bfloat16 first (bf16_dot.h)
         self.rounds_input = bool(lib.scratchlm_kernel_rounds_input())
-        self._attend = lib.scratchlm_attend_one
-        self._attend.restype = ctypes.c_int
-        self._attend.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int64] * 5 + [ctypes.c_int]
-        self.step_fn = lib.scratchlm_decode_step  # called by decode_step.FusedDecodeStep
-        self.step_fn.restype = ctypes.c_int
-        self.step_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 3 + [ctypes.c_int]
-        self.count_rows = lib.scratchlm_decode_count_rows  # for the tests of the thread split: (on) -> 0
-        self.count_rows.argtypes = [ctypes.c_int]
-        self.rows_of_thread = lib.scratchlm_decode_rows_of_thread  # (thread) -> rows it computed, while counting
-        self.rows_of_thread.restype = ctypes.c_int64
-        self.rows_of_thread.argtypes = [ctypes.c_int]
-        self.greedy_fn = lib.scratchlm_decode_greedy  # several greedy steps: decode_step.FusedDecodeStep.greedy
-        self.greedy_fn.restype = ctypes.c_int
-        self.greedy_fn.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] * 3 + [ctypes.c_void_p] * 4 + [ctypes.c_int]
-        # training (scratchlm.kernels.train_ops): a layer's attention core each way, and GELU
-        self.attention_forward_fn = lib.scratchlm_train_attention_forward
-        self.attention_forward_fn.restype = ctypes.c_int
-        self.attention_forward_fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-        self.attention_backward_fn = lib.scratchlm_train_attention_backward
-        self.attention_backward_fn.restype = ctypes.c_int
-        self.attention_backward_fn.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int64] * 4 + [ctypes.c_int]
-        for name in ("max_t", "max_hs", "hs_multiple"):
-            fn = getattr(lib, f"scratchlm_train_attention_{name}")
-            fn.restype = ctypes.c_int64
-            setattr(self, f"attention_{name}", fn())
-        self.attention_row_stride = lib.scratchlm_train_attention_row_stride  # (T) -> floats a row of weights takes
-        self.attention_row_stride.restype = ctypes.c_int64
-        self.attention_row_stride.argtypes = [ctypes.c_int64]
-        self.gelu_fn = lib.scratchlm_gelu_forward
-        self.gelu_fn.restype = ctypes.c_int
-        self.gelu_fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int64, ctypes.c_int]
+        self.attention_max_t = lib.scratchlm_train_attention_max_t()
+        self.attention_max_hs = lib.scratchlm_train_attention_max_hs()
+        self.attention_hs_multiple = lib.scratchlm_train_attention_hs_multiple()
 
     def __call__(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         n_out, k = weight.shape
@@ -292,7 +292,7 @@ class CpuKernels:
         n_out, k = weight.shape
         y = torch.empty(m, n_out)
         parallel = gemv_parallel(n_out, k)
-        fn = self._fn if weight.dtype == torch.bfloat16 else self._fn_f32
+        fn = self.lib.scratchlm_gemv_bf16 if weight.dtype == torch.bfloat16 else self.lib.scratchlm_gemv_f32
         rc = fn(weight.data_ptr(), x.data_ptr(), 0 if bias is None else bias.data_ptr(), y.data_ptr(),
                 m, n_out, k, parallel)
         if rc != 0:
@@ -305,7 +305,7 @@ class CpuKernels:
         n_out, k = weight.shape
         y = torch.empty(x.shape[0], n_out)
         owner = torch.full((n_out,), -1, dtype=torch.int32)
-        if self._owners(weight.data_ptr(), x.data_ptr(), 0, y.data_ptr(), x.shape[0], n_out, k,
+        if self.lib.scratchlm_gemv_f32_owners(weight.data_ptr(), x.data_ptr(), 0, y.data_ptr(), x.shape[0], n_out, k,
                         gemv_parallel(n_out, k), owner.data_ptr()) != 0:
             raise MemoryError("gemv: out of memory")
         return owner
@@ -324,7 +324,7 @@ class CpuKernels:
             raise ValueError("attend_one: expects float32 contiguous qkv (B, 1, 3C) and caches (B, H, t_max, C/H)")
         out = torch.empty(B, 1, C)
         parallel = B * H * (pos + 1) * hs >= ATTEND_PARALLEL_MIN
-        if self._attend(qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
+        if self.lib.scratchlm_attend_one(qkv.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(),
                         B, H, hs, t_max, pos, parallel) != 0:
             raise MemoryError("attend_one: out of memory")
         return out

@@ -25,11 +25,11 @@
  * come from branch-free approximations (relative error about 1e-7; exp_vec in attention.h,
  * erf_vec below), so that softmax and the activations vectorise. One position's attention is
  * attention.h's attend_position, shared with attend_one.c. scratchlm/kernels/decode_step.py fills the structs from a decoding
- * copy of the model (scratchlm.generation.decoding.decoding_model).
+ * copy of the model (scratchlm.generation.decoding.decoding_model), and allocates the step's
+ * scratch memory once for that copy (Scratch below): a step allocates nothing.
  */
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "attention.h"
@@ -41,22 +41,6 @@
 #else
 #define THREAD_NUM() 0
 #endif
-
-/* For the tests of how the work is shared out: while counting is on, the rows of the matrices
- * each thread computed (thread numbers below COUNTED_THREADS). Off, it costs one test per call of
- * linear_team. */
-#define COUNTED_THREADS 64
-static int counting_rows = 0;
-static int64_t rows_of_thread[COUNTED_THREADS];
-
-int scratchlm_decode_count_rows(int on)
-{
-    counting_rows = on;
-    memset(rows_of_thread, 0, sizeof rows_of_thread);
-    return 0;
-}
-
-int64_t scratchlm_decode_rows_of_thread(int thread) { return thread >= 0 && thread < COUNTED_THREADS ? rows_of_thread[thread] : -1; }
 
 typedef struct {
     const void *weight;     /* (n_out, k) bfloat16 (or float32: StepModel.weights_f32), as nn.Linear keeps it */
@@ -123,26 +107,32 @@ static void norm_rows(const StepModel *md, const float *x, int64_t stride, float
     }
 }
 
+/* Where one thread of the team works: its own copies of the normed rows (h) and of a matrix's input
+ * in the dot products' layout (xb), and room for one head's scores. rows_counted: NULL, or where
+ * this thread adds up the (weight row, input row) products it computed (for the tests of how the
+ * work is shared out: scratchlm_decode_step_counted). */
+typedef struct {
+    float *h, *scores;
+    input_t *xb;
+    int64_t *rows_counted;
+} Own;
+
 /* out (B, n_out) = in (B, k) W^T + b, or out += that when `add`. Called by every thread of the
  * team: each puts `in` into its own xb, then the rows of W are shared out; the barrier at the end
  * of the loop means out is complete when any thread returns. */
-static void linear_team(const StepLinear *L, const float *in, input_t *xb, float *out, int64_t B, int add, int f32)
+static void linear_team(const StepLinear *L, const float *in, const Own *me, float *out, int64_t B, int add, int f32)
 {
     const int64_t n = L->n_out, k = L->k;
-    if (!f32) prepare_input(in, B, k, xb);
+    if (!f32) prepare_input(in, B, k, me->xb);
     /* guided: big blocks first, small ones last, so a thread slowed by another tenant of the
      * machine holds the others up less at the barrier (2-3% over static on the benchmark VM) */
     int64_t mine = 0; /* rows this thread took */
 #pragma omp for schedule(guided, 32)
     for (int64_t o = 0; o < n; o++) {
-        product_column(L->weight, f32, xb, in, k, o, L->bias, out, n, (int)B, add);
+        product_column(L->weight, f32, me->xb, in, k, o, L->bias, out, n, (int)B, add);
         mine++;
     }
-    const int t = THREAD_NUM();
-    if (counting_rows && t < COUNTED_THREADS) {
-#pragma omp atomic
-        rows_of_thread[t] += mine * B;
-    }
+    if (me->rows_counted) *me->rows_counted += mine * B;
 }
 
 /* The new positions' attention for every (sequence, head), shared out among the team. Row
@@ -204,80 +194,127 @@ static void activate_team(const float *f, float *h, int64_t B, int64_t width, in
 
 static int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-/* ids (B, T) -> logits (B, vocab) of each sequence's last position, B * T <= MAX_ROWS (T > 1: a
- * short prompt, or its next piece). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32,
- * positions 0..pos-1 filled; positions pos..pos+T-1 are written. logits NULL: the final norm and
- * the head are skipped (a piece of a prompt before its last needs only the cache). Returns 0, -1
- * for a failed allocation, -2 for arguments out of range (B * T, pos + T, an id); nothing is
- * written then. */
-int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos, float *k_cache,
-                          float *v_cache, float *logits, int n_threads)
+static size_t whole_lines(size_t bytes) { return (bytes + 63) / 64 * 64; }
+
+/* The step's scratch memory, carved out of one block that the caller allocates once per decoding
+ * copy (scratchlm_decode_scratch_bytes says how large), so that a step allocates nothing. Sized for
+ * MAX_ROWS rows; every buffer starts on a 64-byte line, so no two threads share a line. */
+typedef struct {
+    float *x, *qkv, *att, *f, *act; /* the team's: the residual stream (rows, C), and each stage's output */
+    char *own;                      /* then each thread's Own, own_bytes apart */
+    size_t own_bytes, h_bytes, scores_bytes;
+} Scratch;
+
+/* Lays out the scratch of a step on n_threads threads from `base` (may be NULL: only the size is
+ * wanted). Returns the bytes it takes from base on. */
+static size_t lay_out(const StepModel *md, int64_t n_threads, char *base, Scratch *s)
 {
-    if (B < 1 || T < 1 || B * T > MAX_ROWS || pos < 0 || pos + T > md->t_max) return -2;
-    const int64_t R = B * T; /* rows through every matrix: sequence b, position pos + t is row b * T + t */
-    for (int64_t r = 0; r < R; r++)
-        if (ids[r] < 0 || ids[r] >= md->vocab) return -2;
-    const int64_t C = md->n_embd, H = md->n_head, hs = md->head_dim;
-    int64_t widest = max64(C, md->head.k), fc_width = 0;
+    const int64_t C = md->n_embd;
+    int64_t widest = max64(C, md->head.k), fc_width = 0; /* the widest input of any matrix */
     for (int64_t l = 0; l < md->n_layer; l++) {
         const StepLayer *L = md->layers + l;
         widest = max64(widest, max64(max64(L->qkv.k, L->attn_out.k), max64(L->fc.k, L->mlp_out.k)));
         fc_width = max64(fc_width, L->fc.n_out);
     }
-    widest = max64(widest, fc_width);
-    float *x = malloc((size_t)(R * C) * sizeof(float)), *qkv = malloc((size_t)(R * 3 * C) * sizeof(float));
-    float *att = malloc((size_t)(R * C) * sizeof(float)), *f = malloc((size_t)(R * fc_width) * sizeof(float));
-    float *act = malloc((size_t)(R * fc_width) * sizeof(float));
-    int failed = !x || !qkv || !att || !f || !act;
-    if (!failed)
-        for (int64_t r = 0; r < R; r++) {
-            const int64_t p = pos + r % T;
-            for (int64_t i = 0; i < C; i++)
-                x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[p * C + i] : 0.0f);
-        }
+    const size_t row = sizeof(float) * MAX_ROWS, sizes[5] = {row * C, row * 3 * C, row * C, row * fc_width,
+                                                              row * fc_width};
+    float **shared[5] = {&s->x, &s->qkv, &s->att, &s->f, &s->act};
+    size_t used = 0;
+    for (int i = 0; i < 5; i++) {
+        *shared[i] = base ? (float *)(base + used) : NULL;
+        used += whole_lines(sizes[i]);
+    }
+    s->own = base ? base + used : NULL;
+    s->h_bytes = whole_lines(row * C);
+    s->scores_bytes = whole_lines(sizeof(float) * md->t_max);
+    s->own_bytes = s->h_bytes + s->scores_bytes + whole_lines(sizeof(input_t) * MAX_ROWS * input_len(widest));
+    return used + (size_t)n_threads * s->own_bytes;
+}
+
+/* Thread t's part of the scratch. */
+static Own own_part(const Scratch *s, int t, int64_t *rows_of_thread)
+{
+    char *mine = s->own + (size_t)t * s->own_bytes;
+    return (Own){.h = (float *)mine, .scores = (float *)(mine + s->h_bytes),
+                 .xb = (input_t *)(mine + s->h_bytes + s->scores_bytes),
+                 .rows_counted = rows_of_thread ? rows_of_thread + t : NULL};
+}
+
+/* The bytes of scratch a step of `md` on up to n_threads threads needs (scratchlm_decode_step's
+ * `scratch`), 64 of them spare to start it on a 64-byte line. */
+int64_t scratchlm_decode_scratch_bytes(const StepModel *md, int64_t n_threads)
+{
+    Scratch s;
+    return (int64_t)lay_out(md, n_threads > 0 ? n_threads : 1, NULL, &s) + 64;
+}
+
+/* The step; rows_of_thread: NULL, or (n_threads,) counts that each thread adds its products to. */
+static int decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos, float *k_cache,
+                       float *v_cache, float *logits, int n_threads, void *scratch, int64_t scratch_bytes,
+                       int64_t *rows_of_thread)
+{
+    if (B < 1 || T < 1 || B * T > MAX_ROWS || pos < 0 || pos + T > md->t_max) return -2;
+    const int64_t R = B * T; /* rows through every matrix: sequence b, position pos + t is row b * T + t */
+    for (int64_t r = 0; r < R; r++)
+        if (ids[r] < 0 || ids[r] >= md->vocab) return -2;
+    n_threads = n_threads > 0 ? n_threads : 1;
+    if (scratch_bytes < scratchlm_decode_scratch_bytes(md, n_threads)) return -1;
+    Scratch s;
+    lay_out(md, n_threads, (char *)(((uintptr_t)scratch + 63) / 64 * 64), &s);
+    const int64_t C = md->n_embd, H = md->n_head, hs = md->head_dim;
+    float *x = s.x, *qkv = s.qkv, *att = s.att, *f = s.f, *act = s.act;
+    for (int64_t r = 0; r < R; r++) {
+        const int64_t p = pos + r % T;
+        for (int64_t i = 0; i < C; i++)
+            x[r * C + i] = md->tok_emb[ids[r] * C + i] + (md->pos_emb ? md->pos_emb[p * C + i] : 0.0f);
+    }
     const int f32 = md->weights_f32 != 0;
-    const size_t xb_bytes = ((size_t)(R * input_len(widest)) * sizeof(input_t) + 63) / 64 * 64;
     const int64_t per_layer = B * H * md->t_max * hs;
 
-#pragma omp parallel num_threads(n_threads > 0 ? n_threads : 1) if (!failed)
+#pragma omp parallel num_threads(n_threads)
     {
-        float *h = malloc((size_t)(R * widest) * sizeof(float)), *scores = malloc((size_t)md->t_max * sizeof(float));
-        input_t *xb = aligned_alloc(64, xb_bytes);
-        if (!h || !scores || !xb) {
-#pragma omp atomic write
-            failed = 1;
+        const Own me = own_part(&s, THREAD_NUM(), rows_of_thread); /* OpenMP gives at most n_threads */
+        for (int64_t l = 0; l < md->n_layer; l++) {
+            const StepLayer *L = md->layers + l;
+            norm_rows(md, x, C, me.h, L->norm1_weight, L->norm1_bias, R);
+            linear_team(&L->qkv, me.h, &me, qkv, R, 0, f32);
+            attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, me.scores, B, T, pos);
+            linear_team(&L->attn_out, att, &me, x, R, 1, f32);
+            norm_rows(md, x, C, me.h, L->norm2_weight, L->norm2_bias, R);
+            linear_team(&L->fc, me.h, &me, f, R, 0, f32);
+            activate_team(f, act, R, L->fc.n_out, md->activation);
+            linear_team(&L->mlp_out, act, &me, x, R, 1, f32);
         }
-#pragma omp barrier
-        int stopped;
-#pragma omp atomic read
-        stopped = failed;
-        if (!stopped) { /* the same for every thread, so all of them meet the same barriers */
-            for (int64_t l = 0; l < md->n_layer; l++) {
-                const StepLayer *L = md->layers + l;
-                norm_rows(md, x, C, h, L->norm1_weight, L->norm1_bias, R);
-                linear_team(&L->qkv, h, xb, qkv, R, 0, f32);
-                attend_team(md, qkv, k_cache + l * per_layer, v_cache + l * per_layer, att, scores, B, T, pos);
-                linear_team(&L->attn_out, att, xb, x, R, 1, f32);
-                norm_rows(md, x, C, h, L->norm2_weight, L->norm2_bias, R);
-                linear_team(&L->fc, h, xb, f, R, 0, f32);
-                activate_team(f, act, R, L->fc.n_out, md->activation);
-                linear_team(&L->mlp_out, act, xb, x, R, 1, f32);
-            }
-            if (logits) { /* only each sequence's last position goes on to the head */
-                norm_rows(md, x + (T - 1) * C, T * C, h, md->final_norm_weight, md->final_norm_bias, B);
-                linear_team(&md->head, h, xb, logits, B, 0, f32);
-            }
+        if (logits) { /* only each sequence's last position goes on to the head */
+            norm_rows(md, x + (T - 1) * C, T * C, me.h, md->final_norm_weight, md->final_norm_bias, B);
+            linear_team(&md->head, me.h, &me, logits, B, 0, f32);
         }
-        free(h);
-        free(scores);
-        free(xb);
     }
-    free(x);
-    free(qkv);
-    free(att);
-    free(f);
-    free(act);
-    return failed ? -1 : 0;
+    return 0;
+}
+
+/* ids (B, T) -> logits (B, vocab) of each sequence's last position, B * T <= MAX_ROWS (T > 1: a
+ * short prompt, or its next piece). k_cache, v_cache: (n_layer, B, H, t_max, hs) float32,
+ * positions 0..pos-1 filled; positions pos..pos+T-1 are written. logits NULL: the final norm and
+ * the head are skipped (a piece of a prompt before its last needs only the cache). scratch:
+ * scratchlm_decode_scratch_bytes(md, n_threads) bytes or more, the step's working memory. Returns
+ * 0, -1 for too little scratch, -2 for arguments out of range (B * T, pos + T, an id); nothing is
+ * written then. */
+int scratchlm_decode_step(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos, float *k_cache,
+                          float *v_cache, float *logits, int n_threads, void *scratch, int64_t scratch_bytes)
+{
+    return decode_step(md, ids, B, T, pos, k_cache, v_cache, logits, n_threads, scratch, scratch_bytes, NULL);
+}
+
+/* scratchlm_decode_step that also adds, for each thread t of the team, the (weight row, input
+ * row) products it computed to rows_of_thread[t] (n_threads int64): how the work was shared
+ * out, counted in the loop that computes it. For tests; the step itself counts nothing. */
+int scratchlm_decode_step_counted(const StepModel *md, const int64_t *ids, int64_t B, int64_t T, int64_t pos,
+                                  float *k_cache, float *v_cache, float *logits, int n_threads, void *scratch,
+                                  int64_t scratch_bytes, int64_t *rows_of_thread)
+{
+    return decode_step(md, ids, B, T, pos, k_cache, v_cache, logits, n_threads, scratch, scratch_bytes,
+                       rows_of_thread);
 }
 
 /* The index of the largest of n scores: the first of equal maxima, or the first NaN if there is
@@ -306,13 +343,15 @@ static int64_t argmax_scores(const float *v, int64_t n)
  * whatever Python runs between two steps finds its own data evicted and runs many times slower
  * than usual (benchmarks/measurements.md). */
 int scratchlm_decode_greedy(const StepModel *md, const int64_t *ids, int64_t B, int64_t steps, int64_t pos,
-                            float *k_cache, float *v_cache, float *logits, int64_t *out, int n_threads)
+                            float *k_cache, float *v_cache, float *logits, int64_t *out, int n_threads, void *scratch,
+                            int64_t scratch_bytes)
 {
     if (steps < 1 || pos + steps > md->t_max) return -2;
     const int64_t *in = ids;
     for (int64_t s = 0; s < steps; s++) {
         float *scores = logits + s * B * md->vocab;
-        const int rc = scratchlm_decode_step(md, in, B, 1, pos + s, k_cache, v_cache, scores, n_threads);
+        const int rc = scratchlm_decode_step(md, in, B, 1, pos + s, k_cache, v_cache, scores, n_threads, scratch,
+                                             scratch_bytes);
         if (rc != 0) return rc; /* -2 only at s == 0: the ids it picks are always in range */
         for (int64_t b = 0; b < B; b++) out[s * B + b] = argmax_scores(scores + b * md->vocab, md->vocab);
         in = out + s * B;

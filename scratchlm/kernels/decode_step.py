@@ -7,12 +7,15 @@ C code in ctypes structs that mirror decode_step.c's; it returns None, with the 
 `unsupported(model)`, for a model the C step does not cover (post-norm, weights not in the kernel
 layout). The struct holds raw addresses, so the object keeps a reference to every tensor it points
 at; the model must not replace them (in-place changes are fine). A conversion of the whole model
-(.double(), .to(device)) is noticed by `describes(model)`, and the step is then dropped.
+(.double(), .to(device)) is noticed by `describes(model)`, and the step is then dropped. The step's
+working memory is allocated here once, with the copy (grown only if torch is given more threads
+later), so that a step allocates nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
+import threading
 
 import torch
 import torch.nn as nn
@@ -22,6 +25,11 @@ _I = ctypes.c_int64
 
 NORMS = {"layernorm": 0, "rmsnorm": 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu": 3}
+
+
+def _check(rc: int) -> None:
+    if rc != 0:  # -1: less scratch than the step needs, which _scratch_for never gives
+        raise RuntimeError(f"decode_step.c returned {rc}")
 
 
 class StepLinear(ctypes.Structure):
@@ -41,6 +49,13 @@ class StepModel(ctypes.Structure):
                 ("head", StepLinear)]
 
 
+class KernelLinear(nn.Module):
+    """What this step reads a Linear layer as: `weight` (out, in), `bias_f32` (or None),
+    `in_features`, `out_features`, and `layout`, "kernel" when the weights are laid out for the
+    compiled kernels. scratchlm.generation.decoding.DecodingLinear is one (that module imports
+    this one, so the type is declared here, below it)."""
+
+
 def unsupported(model: nn.Module) -> str | None:
     """Why the C step cannot run `model`, or None when it can."""
     cfg = model.config
@@ -48,9 +63,8 @@ def unsupported(model: nn.Module) -> str | None:
         return "post-norm blocks"
     if cfg.norm not in NORMS or cfg.activation not in ACTIVATIONS:
         return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
-    # scratchlm.generation.decoding.DecodingLinear says so with `is_decoding_linear` (that module imports this one)
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear) or getattr(m, "is_decoding_linear", False)]
-    if not all(getattr(m, "is_decoding_linear", False) and m.layout == "kernel" for m in linears):
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, KernelLinear))]
+    if not all(isinstance(m, KernelLinear) and m.layout == "kernel" for m in linears):
         return "weights not in the kernel layout"
     if len({m.weight.dtype for m in linears}) != 1:
         return "weights in more than one dtype"
@@ -79,8 +93,9 @@ class FusedDecodeStep:
         self.config = cfg
         self.max_rows = kernels.max_rows
         self.max_prompt = 2 * self.max_rows  # the most rows of a prompt, taken max_rows at a time
-        self._fn = kernels.step_fn
-        self._greedy = kernels.greedy_fn
+        self._fn = kernels.lib.scratchlm_decode_step
+        self._greedy = kernels.lib.scratchlm_decode_greedy
+        self._scratch_bytes = kernels.lib.scratchlm_decode_scratch_bytes
         self._keep: list[torch.Tensor] = []  # every tensor the structs point at
         t = model.transformer
 
@@ -115,6 +130,18 @@ class FusedDecodeStep:
         self._cache_shape = (cfg.n_layer, None, cfg.n_head, cfg.block_size, cfg.head_dim)
         # the embedding's storage: .to(), .double() and the like give every parameter new storage
         self._anchor = t.wte.weight.data_ptr()
+        self._scratch = torch.empty(0, dtype=torch.uint8)
+        self._scratch_threads = 0
+        self._scratch_for(torch.get_num_threads())
+        self._busy = threading.Lock()  # one step at a time: the scratch is the copy's, not the call's
+
+    def _scratch_for(self, threads: int) -> tuple[int, int]:
+        """(address, bytes) of the step's working memory for `threads` threads (decode_step.c's
+        Scratch): the copy's own, allocated again only for more threads than it has room for."""
+        if threads > self._scratch_threads:
+            self._scratch = torch.empty(self._scratch_bytes(ctypes.byref(self._model), threads), dtype=torch.uint8)
+            self._scratch_threads = threads
+        return self._scratch.data_ptr(), self._scratch.numel()
 
     def describes(self, model: nn.Module) -> bool:
         """Whether `model` still holds the tensors this step points at (a conversion such as
@@ -147,17 +174,18 @@ class FusedDecodeStep:
         ids = idx.contiguous()
         logits = torch.empty(B, self.config.vocab_size)
         threads = torch.get_num_threads()
-        for first in range(0, T, per_call):
-            piece = ids[:, first:first + per_call].contiguous()
-            n = piece.shape[1]
-            last = first + n >= T
-            rc = self._fn(ctypes.byref(self._model), piece.data_ptr(), B, n, cache.length, cache.k.data_ptr(),
-                          cache.v.data_ptr(), logits.data_ptr() if last else None, threads)
-            if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
-                return None
-            if rc != 0:
-                raise MemoryError("decode_step: out of memory")
-            cache.advance(n)
+        with self._busy:
+            scratch = self._scratch_for(threads)
+            for first in range(0, T, per_call):
+                piece = ids[:, first:first + per_call].contiguous()
+                n = piece.shape[1]
+                last = first + n >= T
+                rc = self._fn(ctypes.byref(self._model), piece.data_ptr(), B, n, cache.length, cache.k.data_ptr(),
+                              cache.v.data_ptr(), logits.data_ptr() if last else None, threads, *scratch)
+                if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
+                    return None
+                _check(rc)
+                cache.advance(n)
         return logits
 
     def greedy(self, last: torch.Tensor, steps: int, cache) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -171,11 +199,13 @@ class FusedDecodeStep:
         ids = last.contiguous()
         logits = torch.empty(steps, B, self.config.vocab_size)
         out = torch.empty(steps, B, dtype=torch.long)
-        rc = self._greedy(ctypes.byref(self._model), ids.data_ptr(), B, steps, cache.length, cache.k.data_ptr(),
-                          cache.v.data_ptr(), logits.data_ptr(), out.data_ptr(), torch.get_num_threads())
+        threads = torch.get_num_threads()
+        with self._busy:
+            rc = self._greedy(ctypes.byref(self._model), ids.data_ptr(), B, steps, cache.length, cache.k.data_ptr(),
+                              cache.v.data_ptr(), logits.data_ptr(), out.data_ptr(), threads,
+                              *self._scratch_for(threads))
         if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
             return None
-        if rc != 0:
-            raise MemoryError("decode_step: out of memory")
+        _check(rc)
         cache.advance(steps)
         return out, logits

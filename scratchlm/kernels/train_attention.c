@@ -141,37 +141,65 @@ static inline __attribute__((always_inline)) void head_forward(
     }
 }
 
-static int unsupported(int64_t T, int64_t hs)
+/* One pass of either direction over the (sequence, head) pairs: the arrays described at the top
+ * (those of the other direction NULL), shapes, and 1 / sqrt(hs). */
+typedef struct {
+    const float *qkv, *cos, *sin, *probs, *dy; /* probs: read by the backward */
+    float *probs_out, *y, *dqkv;               /* probs_out: written by the forward */
+    int64_t T, H, hs, C, S;
+    float scale;
+} Pass;
+
+static Pass pass_of(const float *qkv, const float *cos, const float *sin, int64_t T, int64_t H, int64_t hs)
 {
-    return T < 1 || T > MAX_T || hs < PAD || hs % PAD || hs > MAX_HS;
+    return (Pass){.qkv = qkv, .cos = cos, .sin = sin, .T = T, .H = H, .hs = hs, .C = H * hs, .S = row_stride(T),
+                  .scale = 1.0f / sqrtf((float)hs)};
+}
+
+/* Calls pair(a, bh, work) for every pair bh = b * H + h of B sequences, the pairs shared out among
+ * n_threads threads; work: work_floats floats of the calling thread's own, allocated once per
+ * thread. Returns 0, -2 for shapes the loops do not cover, -1 if an allocation failed. */
+static int each_pair(const Pass *a, int64_t B, void (*pair)(const Pass *, int64_t, float *), int64_t work_floats,
+                     int n_threads)
+{
+    if (a->T < 1 || a->T > MAX_T || a->hs < PAD || a->hs % PAD || a->hs > MAX_HS) return -2;
+    int failed = 0;
+#pragma omp parallel num_threads(n_threads)
+    {
+        float *work = malloc((size_t)work_floats * sizeof(float));
+#pragma omp for schedule(static)
+        for (int64_t bh = 0; bh < B * a->H; bh++) {
+            if (work) {
+                pair(a, bh, work);
+            } else {
+#pragma omp atomic write
+                failed = 1;
+            }
+        }
+        free(work);
+    }
+    return failed ? -1 : 0;
+}
+
+static void forward_pair(const Pass *a, int64_t bh, float *work)
+{
+    const int64_t b = bh / a->H, h = bh % a->H, T = a->T, C = a->C;
+    const float *x = a->qkv + b * T * 3 * C;
+    float *p = a->probs_out + bh * T * a->S, *out = a->y + b * T * C;
+    switch (a->hs) {
+    case 32: head_forward(x, a->cos, a->sin, p, out, T, C, h, 32, a->scale, work); break;
+    case 64: head_forward(x, a->cos, a->sin, p, out, T, C, h, 64, a->scale, work); break;
+    default: head_forward(x, a->cos, a->sin, p, out, T, C, h, a->hs, a->scale, work); break;
+    }
 }
 
 int scratchlm_train_attention_forward(const float *qkv, const float *cos, const float *sin, float *probs,
                                       float *y, int64_t B, int64_t T, int64_t H, int64_t hs, int n_threads)
 {
-    if (unsupported(T, hs)) return -2;
-    const int64_t C = H * hs, S = row_stride(T);
-    const float scale = 1.0f / sqrtf((float)hs);
-    int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
-        float *work = malloc((size_t)(hs * S + hs) * sizeof(float));
-        if (!work) {
-#pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        const float *x = qkv + b * T * 3 * C;
-        float *p = probs + bh * T * S, *out = y + b * T * C;
-        switch (hs) {
-        case 32: head_forward(x, cos, sin, p, out, T, C, h, 32, scale, work); break;
-        case 64: head_forward(x, cos, sin, p, out, T, C, h, 64, scale, work); break;
-        default: head_forward(x, cos, sin, p, out, T, C, h, hs, scale, work); break;
-        }
-        free(work);
-    }
-    return failed ? -1 : 0;
+    Pass a = pass_of(qkv, cos, sin, T, H, hs);
+    a.probs_out = probs;
+    a.y = y;
+    return each_pair(&a, B, forward_pair, hs * a.S + hs, n_threads);
 }
 
 /* One (sequence, head) pair's backward. p: its weights (T, S); g: the sequence's rows of dy; dx:
@@ -233,31 +261,25 @@ static inline __attribute__((always_inline)) void head_backward(
     }
 }
 
+static void backward_pair(const Pass *a, int64_t bh, float *work)
+{
+    const int64_t b = bh / a->H, h = bh % a->H, T = a->T, C = a->C;
+    const float *x = a->qkv + b * T * 3 * C, *p = a->probs + bh * T * a->S, *g = a->dy + b * T * C;
+    float *dx = a->dqkv + b * T * 3 * C;
+    switch (a->hs) {
+    case 32: head_backward(x, a->cos, a->sin, p, g, dx, T, C, h, 32, a->scale, work); break;
+    case 64: head_backward(x, a->cos, a->sin, p, g, dx, T, C, h, 64, a->scale, work); break;
+    default: head_backward(x, a->cos, a->sin, p, g, dx, T, C, h, a->hs, a->scale, work); break;
+    }
+}
+
 int scratchlm_train_attention_backward(const float *qkv, const float *cos, const float *sin, const float *probs,
                                        const float *dy, float *dqkv, int64_t B, int64_t T, int64_t H, int64_t hs,
                                        int n_threads)
 {
-    if (unsupported(T, hs)) return -2;
-    const int64_t C = H * hs, S = row_stride(T);
-    const float scale = 1.0f / sqrtf((float)hs);
-    int failed = 0;
-#pragma omp parallel for schedule(static) num_threads(n_threads)
-    for (int64_t bh = 0; bh < B * H; bh++) {
-        const int64_t b = bh / H, h = bh % H;
-        float *work = malloc((size_t)(3 * T * hs + hs + hs * S + T * S) * sizeof(float));
-        if (!work) {
-#pragma omp atomic write
-            failed = 1;
-            continue;
-        }
-        const float *x = qkv + b * T * 3 * C, *p = probs + bh * T * S, *g = dy + b * T * C;
-        float *dx = dqkv + b * T * 3 * C;
-        switch (hs) {
-        case 32: head_backward(x, cos, sin, p, g, dx, T, C, h, 32, scale, work); break;
-        case 64: head_backward(x, cos, sin, p, g, dx, T, C, h, 64, scale, work); break;
-        default: head_backward(x, cos, sin, p, g, dx, T, C, h, hs, scale, work); break;
-        }
-        free(work);
-    }
-    return failed ? -1 : 0;
+    Pass a = pass_of(qkv, cos, sin, T, H, hs);
+    a.probs = probs;
+    a.dy = dy;
+    a.dqkv = dqkv;
+    return each_pair(&a, B, backward_pair, 3 * T * hs + hs + hs * a.S + T * a.S, n_threads);
 }

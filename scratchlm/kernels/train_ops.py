@@ -88,10 +88,10 @@ class _Attention(torch.autograd.Function):
         qkv = qkv.contiguous()
         cos = None if cos is None else cos.contiguous()
         sin = None if sin is None else sin.contiguous()
-        probs = torch.empty(B, n_head, T, kernels.attention_row_stride(T), dtype=torch.float32)
+        probs = torch.empty(B, n_head, T, kernels.lib.scratchlm_train_attention_row_stride(T), dtype=torch.float32)
         y = torch.empty(B, T, C, dtype=torch.float32)
-        rc = kernels.attention_forward_fn(qkv.data_ptr(), _ptr(cos), _ptr(sin), probs.data_ptr(), y.data_ptr(),
-                                          B, T, n_head, hs, torch.get_num_threads())
+        rc = kernels.lib.scratchlm_train_attention_forward(qkv.data_ptr(), _ptr(cos), _ptr(sin), probs.data_ptr(),
+                                                           y.data_ptr(), B, T, n_head, hs, torch.get_num_threads())
         _check(rc, "attention forward")
         ctx.save_for_backward(qkv, cos, sin, probs)
         ctx.n_head, ctx.kernels = n_head, kernels
@@ -105,8 +105,9 @@ class _Attention(torch.autograd.Function):
         hs = three_c // 3 // ctx.n_head
         dy = dy.contiguous()
         dqkv = torch.empty_like(qkv)
-        rc = ctx.kernels.attention_backward_fn(qkv.data_ptr(), _ptr(cos), _ptr(sin), probs.data_ptr(), dy.data_ptr(),
-                                               dqkv.data_ptr(), B, T, ctx.n_head, hs, torch.get_num_threads())
+        rc = ctx.kernels.lib.scratchlm_train_attention_backward(qkv.data_ptr(), _ptr(cos), _ptr(sin),
+                                                                probs.data_ptr(), dy.data_ptr(), dqkv.data_ptr(),
+                                                                B, T, ctx.n_head, hs, torch.get_num_threads())
         _check(rc, "attention backward")
         return dqkv, None, None, None, None
 
@@ -141,8 +142,8 @@ class _Gelu(torch.autograd.Function):
     def forward(ctx, x, kernels):
         x = x.contiguous()
         y, dydx = torch.empty_like(x), torch.empty_like(x)
-        _check(kernels.gelu_fn(x.data_ptr(), y.data_ptr(), dydx.data_ptr(), x.numel(), torch.get_num_threads()),
-               "gelu")
+        _check(kernels.lib.scratchlm_gelu_forward(x.data_ptr(), y.data_ptr(), dydx.data_ptr(), x.numel(),
+                                                  torch.get_num_threads()), "gelu")
         ctx.save_for_backward(dydx)
         return y
 
