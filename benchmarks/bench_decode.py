@@ -15,7 +15,7 @@ not weights, so the limit is slightly optimistic and the fraction slightly pessi
 
 Decoders, 128 new tokens after a 16-token prompt, on the same random weights; greedy:
 
-    ours fp32           generate_ids(use_cache=True): float32 weights (our decoding copy; prompt
+    ours fp32           Engine.generate_ids, use_cache=True: float32 weights (our decoding copy; prompt
                         and steps through the compiled decode_step.c where it builds)
     ours bf16           the same with dtype=torch.bfloat16: bfloat16 weights, float32 activations;
                         where scratchlm.kernels builds, the compiled decode_step.c takes the
@@ -30,7 +30,7 @@ Decoders, 128 new tokens after a 16-token prompt, on the same random weights; gr
 and, not greedy, sampling at temperature 0.8 among the top 200 (what a user's generation does; the
 ids differ, drawn from different random streams):
 
-    ours bf16 sampled   generate_ids(dtype=torch.bfloat16, temperature=0.8, top_k=200), seeded
+    ours bf16 sampled   Engine(dtype=torch.bfloat16).generate_ids(temperature=0.8, top_k=200), seeded
     hf fp32 sampled     generate(do_sample=True, temperature=0.8, top_k=200), torch.manual_seed first
 
 Runs are interleaved (a busy machine slows all alike); each decoder runs once to warm up (its
@@ -64,7 +64,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python bench
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
 from scratchlm.generation.decoding import Decoder  # noqa: E402
-from scratchlm.generation.generate import generate_ids  # noqa: E402
+from scratchlm.generation.engine import Engine  # noqa: E402
+from scratchlm.generation.settings import GenerationSettings  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
 from scratchlm.model.gpt import GPT  # noqa: E402
 
@@ -143,9 +144,11 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
 
         hf_bf16 = copy.deepcopy(hf).to(torch.bfloat16)
 
+    greedy = GenerationSettings.of(max_new_tokens=NEW_TOKENS, greedy=True)
+
     def ours(dtype=None, use_cache=True):
-        return lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, greedy=True, use_cache=use_cache,
-                                    dtype=dtype)
+        engine = Engine(model, dtype=dtype, use_cache=use_cache)
+        return lambda: engine.generate_ids(prompt, greedy)
 
     def theirs(m, **sampling):
         def call():
@@ -161,14 +164,14 @@ def _decoders(model: GPT, hf, prompt: torch.Tensor, quick: bool) -> dict[str, An
 
         def call():
             if not packed:  # built inside the warm-up run, as generate_ids builds its own copies
-                packed["model"] = Decoder.build(model, torch.bfloat16, layout="packed")
-            return generate_ids(packed["model"], prompt, max_new_tokens=NEW_TOKENS, greedy=True)
+                packed["engine"] = Engine(Decoder.build(model, torch.bfloat16, layout="packed"))
+            return packed["engine"].generate_ids(prompt, greedy)
         return call
 
     runs = {"ours fp32": ours(), "ours bf16": ours(torch.bfloat16), "ours fp32 no-cache": ours(use_cache=False),
             "hf fp32": theirs(hf)}
-    runs["ours bf16 sampled"] = lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, dtype=torch.bfloat16,
-                                                     seed=0, **SAMPLING)
+    sampled = GenerationSettings.of(max_new_tokens=NEW_TOKENS, seed=0, **SAMPLING)
+    runs["ours bf16 sampled"] = lambda: Engine(model, dtype=torch.bfloat16).generate_ids(prompt, sampled)
     runs["hf fp32 sampled"] = theirs(hf, **SAMPLING)
     if hf_bf16 is not None:
         runs["hf bf16"] = theirs(hf_bf16)

@@ -3,7 +3,7 @@
 One run times batch-1 greedy decoding of 128 new tokens after a 16-token prompt, at the `smoke`
 and `gpt2-124m` shapes (random weights), for three decoders on the same weights:
 
-    ours+cache    scratchlm.generation.generate.generate_ids(use_cache=True)
+    ours+cache    scratchlm.generation.engine.Engine(use_cache=True).generate_ids
     ours-nocache  the plain loop of S20 (use_cache=False): the whole window every step
     hf+cache      transformers.GPT2LMHeadModel.generate(use_cache=True, do_sample=False)
 
@@ -27,7 +27,8 @@ import time
 import torch
 
 from scratchlm.model.config import GPTConfig
-from scratchlm.generation.generate import generate_ids
+from scratchlm.generation.engine import Engine
+from scratchlm.generation.settings import GenerationSettings
 from scratchlm.model.gpt import GPT
 
 PROMPT_LEN = 16
@@ -67,8 +68,11 @@ def decoders(model: GPT, hf, prompt: torch.Tensor) -> dict:
     hf.generation_config.eos_token_id = None  # never stop early: always NEW_TOKENS tokens
     hf.generation_config.pad_token_id = 0
 
+    greedy = GenerationSettings.of(max_new_tokens=NEW_TOKENS, greedy=True)
+
     def ours(use_cache: bool):
-        return lambda: generate_ids(model, prompt, max_new_tokens=NEW_TOKENS, greedy=True, use_cache=use_cache)
+        engine = Engine(model, use_cache=use_cache)
+        return lambda: engine.generate_ids(prompt, greedy)
 
     def theirs():
         with torch.inference_mode():

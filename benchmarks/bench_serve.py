@@ -2,7 +2,7 @@
 `scratchlm generate`'s own loop, for the same model, prompt and greedy tokens.
 
 A short `shakespeare-char` run (30 steps on the built-in corpus) gives the model. Then, in turns:
-  - generate: `scratchlm.generation.generate.stream`, the loop `scratchlm generate` prints from, timed here
+  - generate: `scratchlm.generation.engine.Engine.stream`, the loop `scratchlm generate` prints from, timed here
     from its first piece of text to its last;
   - browser: Debian's Chromium, driven by Playwright, opens `scratchlm serve --checkpoint RUN`
     once, types the prompt, ticks greedy, and presses Generate once per turn; the page's own
@@ -65,14 +65,14 @@ def time_generate(run: Path, threads: int | None = None) -> tuple[float, str]:
     import torch
 
     from scratchlm.training.checkpoint import load_model
-    from scratchlm.generation.generate import stream
+    from scratchlm.generation.engine import Engine
 
     model, tokenizer, _ = load_model(run)
     default = torch.get_num_threads()
     torch.set_num_threads(threads or default)
     pieces, stamps = [], []
     try:
-        for piece in stream(model, tokenizer, PROMPT, max_new_tokens=NEW_TOKENS, greedy=True):
+        for piece in Engine(model, tokenizer).stream(PROMPT, max_new_tokens=NEW_TOKENS, greedy=True):
             pieces.append(piece)
             stamps.append(time.perf_counter())
     finally:

@@ -26,7 +26,7 @@ def test_beam_search_builds_no_graph(steps):
     modes = []
     hooks = [m.register_forward_hook(lambda mod, args, out: modes.append(
         (torch.is_inference_mode_enabled(), torch.is_grad_enabled()))) for m in model.modules()]
-    beams = beam_search(model, torch.zeros(3, dtype=torch.long), beam_width=2, max_new_tokens=steps, n_best=2)
+    beams = beam_search(model, torch.zeros(3, dtype=torch.long), beams=2, max_new_tokens=steps, num_samples=2)
     for h in hooks:
         h.remove()
     assert len(beams) == 2 and all(len(ids) == 3 + steps for ids, _ in beams)

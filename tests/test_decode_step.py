@@ -20,7 +20,7 @@ from scratchlm.generation.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
 from scratchlm.model.gpt import GPT, KVCache
 
-from test_decoding import _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
+from generation_helpers import bf16_reference as _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
 
 
 KERNEL = kernels.cpu_kernels()

@@ -16,6 +16,8 @@ from scratchlm.generation.decoding import DecodingLinear, decoder_for, decoding_
 from scratchlm.generation.generate import generate, generate_ids, iter_tokens
 from scratchlm.model.gpt import GPT
 
+from generation_helpers import bf16_reference
+
 TINY = dict(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [
     dict(pos_embedding="learned", tie_weights=True, qkv_bias=True, lm_head_bias=False),
@@ -38,29 +40,6 @@ def _model(seed: int = 0, **overrides) -> GPT:
 def _logits(model: GPT, idx: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         return model.lm_head(model.forward_hidden(idx)).float()
-
-
-def _bf16_reference(model: GPT, round_output: bool = True, round_input: bool = True) -> GPT:
-    """The model with every Linear weight and bias rounded to bfloat16 (kept in float32), and
-    each Linear's input rounded too when `round_input`, as a bfloat16 matmul sees it (the kernels'
-    portable loop keeps float32 inputs); its output rounded as well when `round_output` (a
-    bfloat16 matmul returns bfloat16; the gemv kernel returns float32)."""
-    ref = GPT(model.config).eval()
-    ref.load_state_dict(model.state_dict())
-    ref.set_attention_impl("sdpa")  # PyTorch's SDPA, as before the compiled training attention (the tolerance below is tight)
-    if model.config.tie_weights:  # the copy's lm_head is rounded, the embedding table is not
-        ref.lm_head.weight = torch.nn.Parameter(model.lm_head.weight.detach().clone())
-    for module in ref.modules():
-        if isinstance(module, torch.nn.Linear):
-            with torch.no_grad():
-                module.weight.copy_(module.weight.bfloat16().float())
-                if module.bias is not None:
-                    module.bias.copy_(module.bias.bfloat16().float())
-            if round_input:
-                module.register_forward_pre_hook(lambda m, args: (args[0].bfloat16().float(),))
-            if round_output:
-                module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
-    return ref
 
 
 def _float32_layouts() -> list:
@@ -109,9 +88,9 @@ def _bf16_path_reference(model: GPT, fast: GPT, rows: int) -> tuple[GPT, float]:
     other side of a rounding boundary moves the logits by about one bfloat16 step (2^-8)."""
     kernel = fast.lm_head.kernel if fast.lm_head.layout == "kernel" else None
     if kernel is not None and rows <= kernel.max_rows:
-        reference = _bf16_reference(model, round_output=False, round_input=kernel.rounds_input)
+        reference = bf16_reference(model, round_output=False, round_input=kernel.rounds_input)
         return reference, 2e-3 if kernel.rounds_input else 1e-5
-    return _bf16_reference(model), 5e-3
+    return bf16_reference(model), 5e-3
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -144,8 +123,8 @@ def test_every_kernel_variant_rounds_as_it_documents(kernel_variant, variant, sh
     assert fast.lm_head.kernel is kernel_variant
     got = _logits(fast, idx)
     scale = _logits(model, idx).abs().max()
-    own = _logits(_bf16_reference(model, round_output=False, round_input=kernel_variant.rounds_input), idx)
-    other = _logits(_bf16_reference(model, round_output=False, round_input=not kernel_variant.rounds_input), idx)
+    own = _logits(bf16_reference(model, round_output=False, round_input=kernel_variant.rounds_input), idx)
+    other = _logits(bf16_reference(model, round_output=False, round_input=not kernel_variant.rounds_input), idx)
     assert (got - own).abs().max() <= (2e-3 if kernel_variant.rounds_input else 1e-5) * scale
     assert (got - other).abs().max() > 1e-3 * scale
 

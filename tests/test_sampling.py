@@ -29,7 +29,7 @@ from scratchlm.generation.sampling import (
     top_p_filter,
 )
 
-from test_generate import TINY, _model, _plain_loop
+from generation_helpers import TINY, plain_loop, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
@@ -79,7 +79,7 @@ def test_the_object_and_the_keywords_give_the_same_tokens():
 
 
 def test_top_k_1_equals_greedy():
-    model = _model(seed=5)
+    model = tiny_model(seed=5)
     idx = torch.randint(0, TINY["vocab_size"], (3, 4), generator=torch.Generator().manual_seed(0))
     greedy = generate_ids(model, idx, max_new_tokens=60, greedy=True)
     for seed in range(3):
@@ -87,13 +87,13 @@ def test_top_k_1_equals_greedy():
 
 
 def test_temperature_towards_zero_equals_greedy():
-    model = _model(seed=6)
+    model = tiny_model(seed=6)
     idx = torch.randint(0, TINY["vocab_size"], (3, 4), generator=torch.Generator().manual_seed(0))
     greedy = generate_ids(model, idx, max_new_tokens=60, greedy=True)
     assert torch.equal(generate_ids(model, idx, max_new_tokens=60, temperature=0.0), greedy)
     assert torch.equal(generate_ids(model, idx, max_new_tokens=60, temperature=1e-5, seed=1), greedy)
     # and the plain argmax, computed here, is what greedy means
-    assert torch.equal(greedy, _plain_loop(model, idx, 60)[0])
+    assert torch.equal(greedy, plain_loop(model, idx, 60)[0])
 
 
 def _brute_force_nucleus_size(probs: np.ndarray, p: float) -> int:
@@ -286,7 +286,7 @@ def test_draws_follow_a_wide_distribution():
 
 
 def test_one_seed_one_output_whatever_the_global_rng_does():
-    model = _model(seed=7)
+    model = tiny_model(seed=7)
     idx = torch.zeros(2, 1, dtype=torch.long)
     opts = dict(max_new_tokens=50, temperature=1.3, top_k=10, top_p=0.95, min_p=0.01)
     torch.manual_seed(123)
@@ -302,7 +302,7 @@ def test_one_seed_one_output_whatever_the_global_rng_does():
 
 
 def test_bad_options_are_refused_by_name():
-    model = _model()
+    model = tiny_model()
     idx = torch.zeros(1, 1, dtype=torch.long)
     for bad, name in [
         (dict(max_new_tokens=-1), "max_new_tokens"),
@@ -348,7 +348,7 @@ def test_max_new_tokens_bounds_are_exact():
     for bad in (-1, MAX_NEW_TOKENS_LIMIT + 1, True, 2.0, "3"):
         with pytest.raises(ConfigError, match="max_new_tokens"):
             check_max_new_tokens(bad)
-    model = _model(seed=3)
+    model = tiny_model(seed=3)
     idx = torch.tensor([[1, 2]])
     assert torch.equal(generate_ids(model, idx, max_new_tokens=0, greedy=True), idx)  # nothing added, no error
 

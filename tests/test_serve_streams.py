@@ -198,17 +198,17 @@ def test_a_reader_that_goes_away_stops_its_generation(runs):
 def test_a_reader_that_leaves_a_beam_search_stops_it(runs, monkeypatch):
     """Beam search answers in one event at its end; a reader that goes away before then stops it
     at its next step, and the model thread is free for others at once (not after 100,000 steps)."""
-    import scratchlm.generation.generate as gen
+    from scratchlm.generation.engine import Engine
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary
 
     answers = []  # what should_stop said, step by step, in the search the server ran
-    search = gen.beam_search
+    search = Engine.beam_search
 
     def watched(*args, should_stop, **kwargs):
         return search(*args, should_stop=lambda: answers.append(should_stop()) or answers[-1], **kwargs)
 
-    monkeypatch.setattr(gen, "beam_search", watched)
+    monkeypatch.setattr(Engine, "beam_search", watched)
     with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:
         conn = http.client.HTTPConnection("127.0.0.1", s.port, timeout=60)
         conn.request("POST", "/api/generate", body=json.dumps({"run": "mixed", "prompt": "The ", "beams": 4,
@@ -227,9 +227,10 @@ def test_beam_search_asks_should_stop_before_each_step():
     asked = []
     stop_at_third = lambda: asked.append(1) or len(asked) == 3  # noqa: E731
     with pytest.raises(Stopped):
-        beam_search(_tiny_model(), torch.tensor([1, 2, 3]), 3, 50, should_stop=stop_at_third)
+        beam_search(_tiny_model(), torch.tensor([1, 2, 3]), beams=3, max_new_tokens=50, should_stop=stop_at_third)
     assert len(asked) == 3
-    assert len(beam_search(_tiny_model(), torch.tensor([1, 2, 3]), 3, 5, n_best=3, should_stop=lambda: False)) == 3
+    assert len(beam_search(_tiny_model(), torch.tensor([1, 2, 3]), beams=3, max_new_tokens=5, num_samples=3,
+                           should_stop=lambda: False)) == 3
 
 
 def _tiny_model():

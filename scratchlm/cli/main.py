@@ -267,8 +267,9 @@ def _run_generate(args) -> int:
 
     from scratchlm.training.checkpoint import load_model
     from scratchlm.machine.devices import pick_device
-    from scratchlm.generation.generate import generate, stream
+    from scratchlm.generation.engine import Engine
     from scratchlm.generation.sampling import MAX_NEW_TOKENS_LIMIT, check_length_penalty
+    from scratchlm.generation.settings import GenerationSettings
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
@@ -282,11 +283,12 @@ def _run_generate(args) -> int:
     model, tokenizer, info = load_model(args.checkpoint, device=device)
     if tokenizer is None:
         raise UserError(f"{info['checkpoint']}: no tokenizer saved with this checkpoint or its run; cannot turn text into ids")
-    options = dict(
+    settings = GenerationSettings.of(
         max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, greedy=args.greedy, seed=args.seed,
-        stop=stops, use_cache=not args.no_cache, dtype=args.dtype,
+        stop=stops, num_samples=args.num_samples, beams=args.beams, length_penalty=args.length_penalty,
     )
+    engine = Engine(model, tokenizer, dtype=args.dtype, use_cache=not args.no_cache)
     out = sys.stdout
     try:
         with warnings.catch_warnings():
@@ -294,7 +296,7 @@ def _run_generate(args) -> int:
             warnings.simplefilter("always")
             warnings.showwarning = lambda message, *rest, **kw: print(f"warning: {message}", file=sys.stderr, flush=True)
             if args.beams == 1 and args.num_samples == 1:
-                pieces = stream(model, tokenizer, prompt, **options)  # checks options and prompt first
+                pieces = engine.stream(prompt, settings)  # checks the prompt first
                 if not args.no_echo:
                     out.write(prompt)
                     out.flush()
@@ -303,8 +305,7 @@ def _run_generate(args) -> int:
                     out.flush()
                 out.write("\n")
                 return 0
-            result = generate(model, tokenizer, prompt, num_samples=args.num_samples, beams=args.beams,
-                              length_penalty=args.length_penalty, **options)
+            result = engine.generate(prompt, settings)
         for i, text in enumerate(result.texts):
             header = f"--- sample {i + 1}/{len(result.texts)}"
             if result.logprobs is not None:

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError
 from scratchlm.kernels import cpu_kernels
-from scratchlm.kernels.decode_step import FusedDecodeStep
+from scratchlm.kernels.decode_step import FusedDecodeStep, KernelLinear
 from scratchlm.model.gpt import GPT, CausalSelfAttention, KVCache
 
 
@@ -52,7 +52,7 @@ def _mkldnn_packing_available() -> bool:
         return False
 
 
-class DecodingLinear(nn.Module):
+class DecodingLinear(KernelLinear):
     """nn.Linear's y = x W^T + b for decoding on a CPU: W in `dtype` (float32 or bfloat16), stored
     the way the CPU reads it fastest; x and y stay in the caller's dtype.
 
@@ -68,8 +68,6 @@ class DecodingLinear(nn.Module):
     In bfloat16 the input is rounded to bfloat16 and the products summed in float32, as under
     autocast.
     """
-
-    is_decoding_linear = True  # how scratchlm.kernels.decode_step, below this module, recognises one
 
     def __init__(self, linear: nn.Linear, dtype: torch.dtype, layout: str | None = None):
         super().__init__()
@@ -119,12 +117,17 @@ class DecodingAttention(CausalSelfAttention):
     microseconds of overhead. Everything else (a prompt, RoPE, masks, attention weights, a cache in
     another dtype) goes through the model's own code."""
 
-    @classmethod
-    def from_attention(cls, attn: CausalSelfAttention, kernel) -> "DecodingAttention":
-        fast = cls.__new__(cls)
-        fast.__dict__.update(attn.__dict__)  # the same submodules and settings (attn is the copy's own)
-        fast.kernel = kernel
-        return fast
+    def __init__(self, attn: CausalSelfAttention, kernel):
+        """Takes over attn's submodules and settings (attn is the decoding copy's own, so nothing
+        is shared with the model). nn.Module's constructor, not CausalSelfAttention's: that one
+        would make new Linear layers from a config, only for them to be replaced."""
+        nn.Module.__init__(self)
+        self.n_head, self.n_embd, self.layer = attn.n_head, attn.n_embd, attn.layer
+        self.c_attn, self.c_proj = attn.c_attn, attn.c_proj
+        self.attn_dropout, self.resid_dropout = attn.attn_dropout, attn.resid_dropout
+        self.dropout, self.impl = attn.dropout, attn.impl
+        self.training = attn.training
+        self.kernel = kernel
 
     def forward(self, x, rope=None, allowed=None, kv_cache=None, weights_out=None) -> torch.Tensor:
         if (x.shape[1] != 1 or kv_cache is None or rope is not None or allowed is not None
@@ -172,7 +175,7 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
         kernel = cpu_kernels()
         if kernel is not None:
             for block in fast.transformer.h:
-                block.attn = DecodingAttention.from_attention(block.attn, kernel)
+                block.attn = DecodingAttention(block.attn, kernel)
     return fast.eval().requires_grad_(False)
 
 

@@ -1,10 +1,20 @@
-"""The text side of generation: each sample's continuation as its ids grow (`TextRow`: its text,
-cut at a stop string, and why it ended), and the printable pieces of a growing text
-(`IncrementalText`: nothing that a later token could still change)."""
+"""The text side of generation: the prompt as the model starts from it (`encode_prompt`), each
+sample's continuation as its ids grow (`TextRow`: its text, cut at a stop string, and why it
+ended), the printable pieces of a growing text (`IncrementalText`: nothing that a later token
+could still change), and what the text-level calls hand back (`GenerationResult`, `TokenStep`,
+`TokenSteps`)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from scratchlm.errors import UserError
 
 
 def _ends_inside(text: str, stops: Sequence[str]) -> int:
@@ -82,3 +92,104 @@ class IncrementalText:
         out = text[self.emitted : stable]
         self.emitted = stable
         return out
+
+
+def encode_prompt(config, tokenizer, prompt: str) -> tuple[list[int], list[int], bool]:
+    """(prompt ids as encoded, the ids a model of `config` starts from, whether they were cropped):
+    an empty prompt starts from BOS, one longer than the context keeps its last block_size ids
+    (with a warning that names the caller's line)."""
+    ids = list(tokenizer.encode(prompt)) if prompt else []
+    if not ids:
+        bos = getattr(tokenizer, "bos_id", None)
+        if bos is None:
+            raise UserError("the prompt is empty and the tokenizer has no BOS token; give a prompt")
+        ids = [bos]
+    V = config.vocab_size
+    bad = sorted({i for i in ids if not 0 <= i < V})
+    if bad:
+        raise UserError(
+            f"the tokenizer produced ids {bad[:5]} outside the model's vocabulary (vocab_size={V}); "
+            "use the tokenizer the model was trained with"
+        )
+    block = config.block_size
+    cropped = len(ids) > block
+    if cropped:
+        warnings.warn(
+            f"the prompt has {len(ids)} tokens but the model's context is {block}; "
+            f"only its last {block} tokens are used",
+            stacklevel=_callers_level(),
+        )
+    return ids, ids[-block:] if cropped else ids, cropped
+
+
+def _callers_level() -> int:
+    """The stacklevel, for a warning made by the function calling this one, of the first frame
+    outside scratchlm/generation: the line of whoever called the generation functions, however
+    many of them lie between."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.dirname(os.path.abspath(frame.f_code.co_filename)) == here:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+@dataclass
+class GenerationResult:
+    """What `generate` returns. `text` and `ids` are the first sample's continuation (the prompt
+    is not repeated; an end-of-text token or stop string is not included)."""
+
+    text: str
+    ids: list[int]
+    texts: list[str] = field(default_factory=list)  # every sample, in order
+    all_ids: list[list[int]] = field(default_factory=list)
+    finish_reasons: list[str] = field(default_factory=list)  # "length" | "eos" | "stop" per sample
+    prompt_ids: list[int] = field(default_factory=list)  # as encoded, before any cropping
+    prompt_cropped: bool = False  # the prompt was longer than the context; the model saw its tail
+    logprobs: list[float] | None = None  # beam search: each sample's log-probability
+
+    @classmethod
+    def of_rows(cls, rows: list[TextRow], prompt_ids: list[int], cropped: bool,
+                logprobs: list[float] | None = None) -> GenerationResult:
+        texts = [row.text for row in rows]
+        all_ids = [row.ids for row in rows]
+        return cls(text=texts[0], ids=all_ids[0], texts=texts, all_ids=all_ids,
+                   finish_reasons=[row.reason for row in rows], prompt_ids=prompt_ids, prompt_cropped=cropped,
+                   logprobs=logprobs)
+
+
+@dataclass
+class TokenStep:
+    """One step of `stream_tokens`: the token chosen, the text it made printable, and the scores."""
+
+    id: int | None  # None for the last item, which only flushes text held back (see stream_tokens)
+    text: str  # printable text released at this step: "" while a character is incomplete
+    logits: torch.Tensor | None  # (V,) the model's raw scores this token was chosen from
+    reason: str | None = None  # why the continuation ended, on the step that ended it: "eos" | "stop" | "length"
+
+
+class TokenSteps(Iterator[TokenStep]):
+    """What `stream_tokens` returns: iterate it for the steps. prompt_ids (the prompt as encoded)
+    and cropped (whether the model starts from its last block_size ids only) are known before the
+    first step."""
+
+    def __init__(self, steps: Iterator[TokenStep], prompt_ids: list[int], cropped: bool):
+        self._steps, self.prompt_ids, self.cropped = steps, prompt_ids, cropped
+
+    def __next__(self) -> TokenStep:
+        return next(self._steps)
+
+    def close(self) -> None:
+        """Stop early: the model goes back to the mode it was in."""
+        self._steps.close()
+
+
+def token_steps(rows: Iterator[tuple[list[TextRow], torch.Tensor | None, torch.Tensor | None]],
+                printer: IncrementalText) -> Iterator[TokenStep]:
+    """The steps of one row's continuation (see Engine.sample_rows), each with the text it made
+    printable."""
+    for (row,), next_ids, logits in rows:
+        piece = printer.piece(row.text, final=row.reason is not None)
+        if next_ids is None:
+            yield TokenStep(None, piece, None, row.reason)
+        else:
+            yield TokenStep(int(next_ids[0]), piece, logits[0], row.reason)

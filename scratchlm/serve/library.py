@@ -51,11 +51,14 @@ class Loaded:
     info: dict[str, Any]
     labels: Any = None  # labels.Labels: each token's label as a JSON literal, made once
     stamp: tuple = ()  # the checkpoint files' (path, size, mtime) when loaded: _fingerprint
+    engine: Any = None  # generation.engine.Engine: the model and tokenizer ready to generate, made once
 
     def __post_init__(self):
+        from scratchlm.generation.engine import Engine
         from scratchlm.serve.labels import Labels
 
         self.labels = Labels(self.tokenizer)
+        self.engine = Engine(self.model, self.tokenizer)
 
 
 def _is_run(path: Path) -> bool:

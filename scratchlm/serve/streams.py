@@ -58,6 +58,14 @@ class GenerateRequest:
     length_penalty: float = 1.0
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, min_p, ...
 
+    @property
+    def settings(self):
+        """The request as one generation's settings (a GenerationSettings)."""
+        from scratchlm.generation.settings import GenerationSettings
+
+        return GenerationSettings.of(max_new_tokens=self.max_new_tokens, seed=self.seed, beams=self.beams,
+                                     length_penalty=self.length_penalty, **self.sampling)
+
 
 def token_sse(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> str:
     """The token event as SSE text, for logits (V,) the step's raw scores. Written as JSON text
@@ -156,14 +164,13 @@ class GenerationStream:
             return False
 
     def _begin(self) -> bool:
-        from scratchlm.generation.generate import Stopped, generate, stream_tokens
+        from scratchlm.generation.beam import Stopped
 
-        r, model, tokenizer = self.request, self.loaded.model, self.loaded.tokenizer
+        r, engine = self.request, self.loaded.engine
         self.began = time.perf_counter()
         if r.beams > 1:  # one call, which a reader that goes away (or the server stopping) cuts short
             try:
-                result = generate(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, beams=r.beams,
-                                  length_penalty=r.length_penalty, should_stop=self._stop_asked)
+                result = engine.generate(r.prompt, r.settings, should_stop=self._stop_asked)
             except Stopped:
                 self._finish("stopped")
                 return False
@@ -172,8 +179,7 @@ class GenerationStream:
                                    "logprob": result.logprobs[0]}))
             self._put(None)
             return False
-        self.steps = stream_tokens(model, tokenizer, r.prompt, max_new_tokens=r.max_new_tokens, seed=r.seed,
-                                   **r.sampling)
+        self.steps = engine.stream_tokens(r.prompt, r.settings)
         self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "cropped": self.steps.cropped,
                                 "seed": r.seed}))
         return True

@@ -1,0 +1,75 @@
+"""What one generation asks for, as one record: `GenerationSettings`.
+
+    GenerationSettings(max_new_tokens=50, sampling=SamplingOptions(temperature=0.8, top_k=40), seed=1)
+    GenerationSettings.of(max_new_tokens=50, temperature=0.8, top_k=40, seed=1)   # the same, flat
+
+How each token is chosen is a SamplingOptions (scratchlm.generation.sampling); around it, how
+many tokens, which random stream, where the text stops, and how many samples or beams. Every
+value is checked once, when the record is made: a value with no meaning is a ConfigError naming
+the field. How the model runs (its dtype, the KV cache) is not a setting of one generation but of
+the Engine that runs it (scratchlm.generation.engine).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from numbers import Integral
+
+from scratchlm.errors import ConfigError
+from scratchlm.generation.sampling import (SamplingOptions, check_length_penalty, check_max_new_tokens,
+                                           check_seed)
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """One generation's settings, checked when made (see the module docstring)."""
+
+    max_new_tokens: int = 100
+    """The most tokens to add; fewer when every sample ends early (end-of-text, a stop string)."""
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+    """How each next token is chosen (not used by beam search, which ranks by log-probability)."""
+    seed: int | None = None
+    """Seeds the draw's own torch.Generator: one seed, one output. None: fresh entropy."""
+    stop: tuple[str, ...] = ()
+    """The text ends before the first of these it holds (empty strings are left out)."""
+    num_samples: int = 1
+    """Continuations drawn in one batch; with beams > 1, how many of the best beams to return."""
+    beams: int = 1
+    """> 1: beam search of that width instead of sampling."""
+    length_penalty: float = 1.0
+    """Beam search ranks by logprob / length**length_penalty; 0 ranks by the raw sum."""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sampling, SamplingOptions):
+            raise TypeError(f"sampling: expected SamplingOptions, got {type(self.sampling).__name__}")
+        check_max_new_tokens(self.max_new_tokens)
+        check_seed(self.seed)
+        check_length_penalty(self.length_penalty)
+        for name in ("num_samples", "beams"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, Integral) or value < 1:
+                raise ConfigError(name, f"must be a whole number >= 1, got {value!r}")
+        if self.beams > 1 and self.num_samples > self.beams:
+            raise ConfigError("num_samples", f"beam search returns at most --beams={self.beams} sequences, "
+                                             f"asked for {self.num_samples}")
+        if isinstance(self.stop, str):
+            raise TypeError("stop: expected a sequence of strings, got one string")
+        object.__setattr__(self, "stop", tuple(s for s in self.stop or () if s))  # frozen: set once, here
+
+    @classmethod
+    def of(cls, settings: GenerationSettings | None = None, **fields_given) -> GenerationSettings:
+        """`settings` itself, or the settings made of `fields_given`: this record's fields and
+        SamplingOptions' (temperature=0.8, top_k=40, ...) side by side; not both. An unknown name
+        is a TypeError, as for any misspelt keyword."""
+        if settings is not None:
+            if fields_given:
+                raise TypeError(f"settings given twice: as GenerationSettings and as {', '.join(fields_given)}")
+            if not isinstance(settings, cls):
+                raise TypeError(f"expected GenerationSettings, got {type(settings).__name__}")
+            return settings
+        own = {f.name for f in fields(cls)}
+        choice = {name: value for name, value in fields_given.items() if name not in own}
+        chosen = {name: value for name, value in fields_given.items() if name in own}
+        # the sampling options are made first: a bad one is reported before the other fields
+        sampling = SamplingOptions.of(chosen.pop("sampling", None), **choice)
+        return cls(sampling=sampling, **chosen)
