@@ -50,7 +50,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                            "-m", "not slow"]),
     # checkpoint's writes under failure (full disk, kills, stale temp folders) are tested in test_crash
     "checkpoint": ("training/checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
-    "data": ("data/preparation.py", ["tests/test_data.py"]),
+    "data": ("data/preparation.py", ["tests/test_data_preparation.py", "tests/test_data_bad_input.py"]),
 }
 
 HAND_MUTATIONS = [
@@ -86,7 +86,7 @@ HAND_MUTATIONS = [
      ["tests/test_kernels.py::test_gemv_splits_rows_between_threads_as_documented"]),
     ("validation = the last documents, no RNG", "data/preparation.py",
      "is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True", "is_val[n_docs - n_val:] = True",
-     ["tests/test_data.py::test_prepare_documents_split_is_seeded_and_whole"]),
+     ["tests/test_data_preparation.py::test_prepare_documents_split_is_seeded_and_whole"]),
     ("decode step's rows not shared out (omp for removed)", "kernels/decode_step.c",
      "#pragma omp for schedule(guided, 32)\n", "",
      ["tests/test_decode_step.py::test_every_matrix_row_is_computed_once_and_two_threads_share_them"]),

@@ -19,7 +19,7 @@ from scratchlm.errors import ConfigError, UserError
 from scratchlm.model.gpt import GPT
 from scratchlm.training.optim import MuonWithAdamW
 from scratchlm.training.train import TrainConfig, make_optimizer, train
-from test_train import write_text  # the same small corpus (tests/ is on sys.path under pytest)
+from helpers import write_text  # the same small corpus
 
 CPU = torch.device("cpu")
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)

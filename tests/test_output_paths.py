@@ -2,7 +2,7 @@
 
 - One rule for output folders (scratchlm.training.outdir): `prepare` writes only into a new or empty folder
   or its own earlier output, never over its input, one writer at a time; the refusals of every
-  other command that writes are cases in test_bad_input.py (their files hashed before and after).
+  other command that writes are cases in test_cli_bad_input.py (their files hashed before and after).
 - Temporary names are short: a legal 250-character output name is written, not refused as "File
   name too long" about a temporary name.
 - Logs that cannot tear: a failed append leaves no half record (an injected failure mid-write),
@@ -32,7 +32,7 @@ from scratchlm.data import DataConfig, prepare
 from scratchlm.errors import UserError
 from scratchlm.model.gpt import GPT
 from scratchlm.training.runlock import RunLock
-from test_bad_input import TINY_MODEL, train_tiny_run, tree_hashes, write_text
+from helpers import TINY_MODEL, train_tiny_run, tree_hashes, write_text
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -391,7 +391,7 @@ def test_a_torn_last_record_is_cut_by_hand(tmp_path, content, kept):
 
 @pytest.fixture
 def tiny_run(tmp_path, monkeypatch, one_torch_thread) -> Path:
-    """The 4-step tiny run of test_bad_input (checkpoints at steps 2 and 4, lr 0.003)."""
+    """The 4-step tiny run of helpers.train_tiny_run (checkpoints at steps 2 and 4, lr 0.003)."""
     monkeypatch.setenv("SCRATCHLM_CACHE", str(tmp_path / "cache"))
     return train_tiny_run(tmp_path, tmp_path / "run")
 

@@ -21,7 +21,7 @@ import pytest
 from scratchlm.training.runlock import LOCK_FILE, RunLock, holder
 from scratchlm.errors import UserError
 
-from test_bad_input import train_tiny_run
+from helpers import train_tiny_run
 
 
 def _resume(run: Path, cache: Path, max_steps: int, *extra: str) -> list[str]:

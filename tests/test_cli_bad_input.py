@@ -5,82 +5,24 @@ Every case builds its files in a folder of its own (the process runs there too, 
 exit status 2, exactly one stderr line of the form `error: ...` holding the words that say what
 is wrong, and every file and folder byte-identical afterwards (nothing changed, nothing added).
 The cases run two at a time, each in a process forked from one that has imported torch
-(tests/cli_forks.py), so they do not spend ~2 s each importing it. The few that
-need a trained model share one tiny run, trained once per session.
+(tests/cli_forks.py; the runner is helpers.run_all), so they do not spend ~2 s each importing
+it. The few that need a trained model share one tiny run, trained once per session.
 
-Data-preparation cases that test_data.py already covers (empty text, invalid UTF-8, a parquet file
-without its column, ...) are not repeated here.
+Data-preparation cases that test_data_bad_input.py already covers (empty text, invalid UTF-8, a
+parquet file without its column, ...) are not repeated here.
 """
-
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import queue
-import random
 import shutil
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import pytest
 import torch
 
-from cli_forks import Forker
-
-REPO = Path(__file__).resolve().parents[1]
-TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=16, block_size=16, dropout=0.0, pos_embedding="rope", lm_head_bias=False)
-WORDS = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
-
-
-def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    lines = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
-
-
-def train_tiny_run(base: Path, out_dir: Path, **overrides) -> Path:
-    """A 4-step run of a 1-layer model on a small char corpus (a checkpoint at steps 2 and 4)."""
-    from scratchlm.training.train import TrainConfig, train
-
-    data = base / "text.txt"
-    if not data.exists():
-        write_text(data)
-    threads, cache = torch.get_num_threads(), os.environ.get("SCRATCHLM_CACHE")
-    os.environ["SCRATCHLM_CACHE"] = str(base / "cache")  # the CPU peak probe's cache, not the user's home
-    try:
-        train(TrainConfig(**{
-            **dict(data=str(data), tokenizer="char", batch_size=4, max_steps=4, lr=3e-3, warmup_steps=1,
-                   eval_interval=0, eval_iters=1, log_interval=1, checkpoint_interval=2, sample_tokens=0,
-                   progress="quiet", out_dir=str(out_dir), data_cache=str(base / "data"), threads=1,
-                   model_overrides=TINY_MODEL),
-            **overrides}))
-    finally:
-        torch.set_num_threads(threads)
-        if cache is None:
-            os.environ.pop("SCRATCHLM_CACHE", None)
-        else:
-            os.environ["SCRATCHLM_CACHE"] = cache
-    return out_dir
-
-
-def tree_hashes(folder: Path) -> dict[str, str]:
-    """Every path under folder: a file's sha256, a folder's mark, a link's target."""
-    out = {}
-    for p in sorted(folder.rglob("*")):
-        rel = p.relative_to(folder).as_posix()
-        if p.is_symlink():
-            out[rel] = "link:" + os.readlink(p)
-        elif p.is_dir():
-            out[rel] = "dir"
-        elif not p.is_file():  # a FIFO: reading it would wait for a writer
-            out[rel] = "special"
-        else:
-            out[rel] = hashlib.sha256(p.read_bytes()).hexdigest()
-    return out
+from helpers import Case, Outcome, case_problems, hf_dir, run_all, train_tiny_run
 
 
 # ------------------------------------------------------------------------------ building blocks
@@ -140,42 +82,6 @@ def _bigger_tokenizer(ckpt: Path) -> None:
     path.write_text(json.dumps({"kind": "char", "chars": chars}))
 
 
-def _gpt2_state(vocab: int = 50, positions: int = 16, c: int = 16, layers: int = 1) -> dict[str, torch.Tensor]:
-    """Random weights under GPT-2's names and shapes (Conv1D matrices are (in, out))."""
-    g = torch.Generator().manual_seed(0)
-    shapes = {"transformer.wte.weight": (vocab, c), "transformer.wpe.weight": (positions, c),
-              "transformer.ln_f.weight": (c,), "transformer.ln_f.bias": (c,), "lm_head.weight": (vocab, c)}
-    for i in range(layers):
-        h = f"transformer.h.{i}."
-        shapes.update({h + "ln_1.weight": (c,), h + "ln_1.bias": (c,), h + "ln_2.weight": (c,), h + "ln_2.bias": (c,),
-                       h + "attn.c_attn.weight": (c, 3 * c), h + "attn.c_attn.bias": (3 * c,),
-                       h + "attn.c_proj.weight": (c, c), h + "attn.c_proj.bias": (c,),
-                       h + "mlp.c_fc.weight": (c, 4 * c), h + "mlp.c_fc.bias": (4 * c,),
-                       h + "mlp.c_proj.weight": (4 * c, c), h + "mlp.c_proj.bias": (c,)})
-    return {name: 0.02 * torch.randn(shape, generator=g) for name, shape in shapes.items()}
-
-
-def _hf_dir(config: dict | str | None, weights: str = "safetensors", shape_bug: bool = False):
-    """A small GPT-2 directory as save_pretrained writes it: config.json as given, random weights."""
-    def setup(d: Path, run: Path) -> None:
-        hf = d / "hf"
-        hf.mkdir()
-        base = dict(model_type="gpt2", vocab_size=50, n_positions=16, n_embd=16, n_layer=1, n_head=2,
-                    tie_word_embeddings=False)
-        if config is not None:
-            text = config if isinstance(config, str) else json.dumps({**base, **config})
-            (hf / "config.json").write_text(text)
-        if weights == "none":
-            return
-        from safetensors.torch import save_file
-
-        state = _gpt2_state()
-        if shape_bug:
-            state["transformer.h.0.mlp.c_fc.weight"] = torch.zeros(16, 32)  # GPT-2 needs (16, 64)
-        save_file(state, str(hf / "model.safetensors"), metadata={"format": "pt"})
-    return setup
-
-
 def _run_data(edit: Callable[[str], str]) -> Callable[[Path, Path], None]:
     """A setup that writes d/g.txt: the text the tiny run was trained on, edited."""
     def setup(d: Path, run: Path) -> None:
@@ -194,7 +100,7 @@ def _drop_field(section: str, name: str) -> Callable[[Path], None]:
 def _pickle_protocol_4(d: Path, run: Path) -> None:
     import pickle
 
-    _hf_dir({}, weights="none")(d, run)
+    hf_dir({}, weights="none")(d, run)
     with open(d / "hf" / "pytorch_model.bin", "wb") as f:
         pickle.dump({"transformer.wte.weight": torch.zeros(50, 16)}, f, protocol=4)
 
@@ -206,19 +112,7 @@ def _setups(*steps: Callable[[Path, Path], None]) -> Callable[[Path, Path], None
     return setup
 
 
-# ------------------------------------------------------------------------------ the cases
-
-
-@dataclass
-class Case:
-    name: str
-    argv: list[str]
-    """After `python -m scratchlm`; {d} is the case folder, {run} its copy of the tiny run."""
-    words: list[str]
-    """Each must appear in the error line (what is wrong, and where)."""
-    setup: Callable[[Path, Path], None] = field(default=lambda d, run: None)
-    debug: bool = False
-    """Run with --debug: a traceback ending in the same error instead of one line."""
+# ------------------------------------------------------------------------------ the cases (helpers.Case)
 
 
 GEN = ["generate", "--checkpoint", "{d}/run", "--prompt", "the king", "--max-new-tokens", "3", "--device", "cpu"]
@@ -286,7 +180,7 @@ CASES = [
     Case("train: --out_dir the folder of its data", [*TRAIN[:4], "{d}/in/t.txt", *TRAIN[5:-1], "{d}/in"],
          ["in", "already holds files"], _files(in__t_dot_txt="the king speaks to the queen of the night\n" * 40)),
     Case("export-hf: into the run it reads", ["export-hf", "{d}/run", "{d}/run"], ["run", "not empty"], _with_run()),
-    Case("import-hf: into the folder it reads", ["import-hf", "{d}/hf", "{d}/hf"], ["hf", "not empty"], _hf_dir({})),
+    Case("import-hf: into the folder it reads", ["import-hf", "{d}/hf", "{d}/hf"], ["hf", "not empty"], hf_dir({})),
     Case("plot: --out onto its own log with --force", ["plot", "{d}/run", "--out", "{d}/run/metrics.jsonl", "--force"],
          ["--out", "own input", "metrics.jsonl"], _with_run()),
     Case("attention: --out onto the weights it reads, with --force",
@@ -401,7 +295,7 @@ CASES = [
          _with_run()),
     Case("generate: --prompt-file /dev/zero", [*GEN[:3], "--prompt-file", "/dev/zero", *GEN[5:]],
          ["--prompt-file", "/dev/zero", "longer than"], _with_run()),
-    Case("generate: a Hugging Face folder", [*GEN[:2], "{d}/hf", *GEN[3:]], ["Hugging Face", "import-hf"], _hf_dir({})),
+    Case("generate: a Hugging Face folder", [*GEN[:2], "{d}/hf", *GEN[3:]], ["Hugging Face", "import-hf"], hf_dir({})),
     # --- plot, attention, walkthrough
     Case("plot: --out onto the training log", ["plot", "{d}/run", "--out", "{d}/run/metrics.jsonl"],
          ["metrics.jsonl", ".png", "--force"], _with_run()),
@@ -430,19 +324,19 @@ CASES = [
          _with_run(_edit_config(lambda c: c["model"].update(norm_position="post")))),
     # --- import-hf
     Case("import-hf: a folder that is not GPT-2", ["import-hf", "{d}/hf", "{d}/out"], ["model_type", "bert"],
-         _hf_dir({"model_type": "bert"})),
+         hf_dir({"model_type": "bert"})),
     Case("import-hf: config.json that is not JSON", ["import-hf", "{d}/hf", "{d}/out"], ["config.json", "not valid JSON"],
-         _hf_dir("{not json")),
-    Case("import-hf: no weights", ["import-hf", "{d}/hf", "{d}/out"], ["model.safetensors"], _hf_dir({}, weights="none")),
+         hf_dir("{not json")),
+    Case("import-hf: no weights", ["import-hf", "{d}/hf", "{d}/out"], ["model.safetensors"], hf_dir({}, weights="none")),
     Case("import-hf: a weight of the wrong shape", ["import-hf", "{d}/hf", "{d}/out"], ["c_fc", "(16, 32)"],
-         _hf_dir({}, shape_bug=True)),
+         hf_dir({}, shape_bug=True)),
     Case("import-hf: n_embd not divisible by n_head", ["import-hf", "{d}/hf", "{d}/out"], ["n_embd", "n_head"],
-         _hf_dir({"n_head": 3})),
+         hf_dir({"n_head": 3})),
     Case("import-hf: a regular file", ["import-hf", "{d}/t.txt", "{d}/out"], ["t.txt", "not a directory"], TEXT),
     Case("import-hf: a pickle of protocol 4", ["import-hf", "{d}/hf", "{d}/out"], ["hf", "refused", "weights-only"],
          _pickle_protocol_4),
     Case("import-hf: into a non-empty folder", ["import-hf", "{d}/hf", "{d}/out"], ["out", "not empty"],
-         _setups(_hf_dir({}), _files(out__keep_dot_txt="mine"))),
+         _setups(hf_dir({}), _files(out__keep_dot_txt="mine"))),
     # --- the same errors under --debug: a traceback that ends in the UserError
     Case("debug: generate, weights file missing", GEN_CKPT, ["model.safetensors", "missing"],
          _with_run(lambda c: (c / "model.safetensors").unlink()), debug=True),
@@ -457,25 +351,6 @@ CASES = [
 def tiny_run(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("bad-input-run")
     return train_tiny_run(base, base / "run")
-
-
-@dataclass
-class Outcome:
-    code: int
-    stderr: str
-    before: dict
-    after: dict
-
-
-def _run_case(case: Case, d: Path, run: Path, cache: Path, forker: Forker) -> Outcome:
-    d.mkdir()
-    case.setup(d, run)
-    before = tree_hashes(d)
-    argv = [a.format(d=d) for a in case.argv]
-    env = {**os.environ, "SCRATCHLM_CACHE": str(cache)}  # warnings shown: they would be more stderr lines
-    err = d.with_name(d.name + ".stderr")  # beside the case's folder, not in it
-    code = forker.run([*(["--debug"] if case.debug else []), *argv], d, env, err, d.with_name(d.name + ".stdout"))
-    return Outcome(code, err.read_text(encoding="utf-8"), before, tree_hashes(d))  # strict, as text=True was
 
 
 # The default tier runs the torch-free prepare cases and two of every other command; the slow
@@ -495,61 +370,17 @@ DEFAULT_TIER = {c.name for c in CASES if c.argv[0] == "prepare"} | {
 }
 
 
-def _run_all(cases: list[Case], run: Path, root: Path, cache: Path) -> dict[str, Outcome]:
-    forkers = queue.Queue()
-    for _ in range(2):
-        forkers.put(Forker())
-
-    def one(i: int, case: Case) -> Outcome:
-        forker = forkers.get()
-        try:
-            return _run_case(case, root / f"case{i:02d}", run, cache, forker)
-        finally:
-            forkers.put(forker)
-
-    try:
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            futures = {c.name: pool.submit(one, i, c) for i, c in enumerate(cases)}
-            results = {name: f.result() for name, f in futures.items()}
-    finally:
-        while not forkers.empty():
-            forkers.get().close()
-    clean = sum(_problems(c, results[c.name]) == [] for c in cases)
-    print(f"\nbad inputs tried: {len(cases)}; clean error with nothing changed: {clean}")
-    return results
-
-
 @pytest.fixture(scope="session")
 def outcomes(tiny_run, tmp_path_factory) -> dict[str, Outcome]:
     """The default tier's cases, each run once, two processes at a time."""
     cases = [c for c in CASES if c.name in DEFAULT_TIER]
-    return _run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
+    return run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
 
 
 @pytest.fixture(scope="session")
 def slow_outcomes(tiny_run, tmp_path_factory) -> dict[str, Outcome]:
     cases = [c for c in CASES if c.name not in DEFAULT_TIER]
-    return _run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
-
-
-def _problems(case: Case, out: Outcome) -> list[str]:
-    problems = []
-    lines = out.stderr.strip().splitlines()
-    if out.code != (1 if case.debug else 2):  # --debug lets the exception end the process
-        problems.append(f"exit status {out.code}, expected {1 if case.debug else 2}")
-    if case.debug:
-        if not lines or "Traceback" not in out.stderr or "UserError" not in lines[-1] and "ConfigError" not in lines[-1]:
-            problems.append("--debug should show a traceback ending in the error")
-        text = lines[-1] if lines else ""
-    else:
-        if len(lines) != 1 or not lines[0].startswith("error: "):
-            problems.append("stderr is not exactly one `error: ...` line")
-        text = lines[0] if lines else ""
-    problems += [f"the error line lacks {w!r}" for w in case.words if w not in text]
-    if out.after != out.before:
-        changed = sorted(k for k in set(out.before) | set(out.after) if out.before.get(k) != out.after.get(k))
-        problems.append(f"files changed or added: {changed[:5]}")
-    return problems
+    return run_all(cases, tiny_run, tmp_path_factory.mktemp("bad-input-cases"), tmp_path_factory.mktemp("bad-input-cache"))
 
 
 def test_at_least_forty_distinct_cases_over_every_subcommand():
@@ -562,7 +393,7 @@ def test_at_least_forty_distinct_cases_over_every_subcommand():
 
 
 def _check(case: Case, out: Outcome) -> None:
-    problems = _problems(case, out)
+    problems = case_problems(case, out)
     assert not problems, f"{problems}\nstderr:\n{out.stderr[-3000:]}"
 
 
