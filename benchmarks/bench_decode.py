@@ -67,6 +67,7 @@ from scratchlm.generation.decoding import Decoder  # noqa: E402
 from scratchlm.generation.engine import Engine  # noqa: E402
 from scratchlm.generation.settings import GenerationSettings  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
+from scratchlm.machine.doctor import copy_bandwidth, read_bandwidth  # noqa: E402
 from scratchlm.model.gpt import GPT  # noqa: E402
 
 TARGET_SHAPE = "gpt2-124m"
@@ -80,25 +81,12 @@ PAIRED = {"ours fp32": "fp32", "ours bf16": "bf16"}  # our decoders whose runs g
 
 def memory_bandwidth(megabytes: int = 256, passes: int = 5, copy: bool = True) -> dict[str, float]:
     """GB/s read by torch.sum over a float32 array far larger than the caches, with the current
-    thread count; the best pass counts (noise only ever slows a pass down). copy: also time a
-    copy into a second array (read + write)."""
-    x = torch.ones(megabytes * 2**20 // 4)
-    x.sum()  # touch every page before timing
-    best = 0.0
-    for _ in range(passes):
-        start = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - start))
-    if not copy:
-        return {"read_gb_s": best / 1e9, "array_mb": megabytes}
-    y = torch.empty_like(x)
-    y.copy_(x)
-    best_copy = 0.0
-    for _ in range(passes):
-        start = time.perf_counter()
-        y.copy_(x)
-        best_copy = max(best_copy, 2 * x.numel() * 4 / (time.perf_counter() - start))  # read + write
-    return {"read_gb_s": best / 1e9, "copy_gb_s": best_copy / 1e9, "array_mb": megabytes}
+    thread count, the best of `passes` (scratchlm.machine.doctor's probes, which `scratchlm doctor`
+    prints). copy: also a copy into a second array (read + write)."""
+    out = {"read_gb_s": read_bandwidth(megabytes, passes), "array_mb": megabytes}
+    if copy:
+        out["copy_gb_s"] = copy_bandwidth(megabytes, passes)
+    return out
 
 
 def limits(per_token: int, achieved_tok_s: float, paired: list[dict[str, float]], best_read_gb_s: float) -> dict[str, Any]:

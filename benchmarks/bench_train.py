@@ -37,6 +37,7 @@ from typing import Any, Callable
 
 import torch
 
+from scratchlm.machine import cpu
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
@@ -214,19 +215,10 @@ def peak_memory(mode: str) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
-def matmul_peak(dtype: torch.dtype, sizes=(512, 1024, 2048), bursts: int = 5) -> float:
-    """Best FLOP/s of square matmuls of a few sizes: this machine's own ceiling for `dtype`."""
-    best = 0.0
-    for n in sizes:
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        a @ b
-        for _ in range(bursts):
-            reps, start = 0, time.perf_counter()
-            while reps == 0 or time.perf_counter() - start < 0.05:
-                a @ b
-                reps += 1
-            best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
-    return best
+def matmul_peak(dtype: torch.dtype) -> float:
+    """Best FLOP/s of square matmuls of a few sizes: this machine's own ceiling for `dtype`
+    (scratchlm.machine.cpu's probe, the one `scratchlm doctor` prints, over more sizes and bursts)."""
+    return cpu.matmul_flops(dtype, sizes=(512, 1024, 2048), bursts=5, burst_s=0.05)
 
 
 def mfu(mode: str, repeats: int) -> dict[str, Any]:

@@ -87,7 +87,7 @@ def test_no_matmul_on_this_machine_reaches_the_bound():
         bound = device_peak(torch.device("cpu"), dtype)
         if bound is None:
             pytest.skip(f"no bound is known for this CPU ({cpu.cpu_name()})")
-        assert cpu.matmul_flops(getattr(torch, dtype), n=256, bursts=3) < bound[0]
+        assert cpu.matmul_flops(getattr(torch, dtype), sizes=(128, 256), bursts=3) < bound[0]
 
 
 def test_the_training_log_says_what_mfu_divides_by(tmp_path):

@@ -102,24 +102,26 @@ def auto_dtype(device) -> str:
     return "float32"
 
 
-def matmul_flops(dtype, n: int = 512, bursts: int = 6, burst_s: float = 0.03) -> float:
-    """Best FLOP/s of short bursts of n x n matmuls in `dtype`: the best burst is the one least
-    disturbed by other processes, so the figure is the machine's and not the moment's. Leaves
-    torch's random state as it was."""
+def matmul_flops(dtype, sizes: tuple[int, ...] = (512,), bursts: int = 6, burst_s: float = 0.03) -> float:
+    """Best FLOP/s of short bursts of n x n matmuls in `dtype`, over each n in `sizes`: the best
+    burst is the one least disturbed by other processes, so the figure is the machine's and not the
+    moment's (a burst runs at least one matmul, however long it takes). Leaves torch's random state
+    as it was."""
     import time
 
     import torch
 
-    with torch.random.fork_rng(devices=[]):
-        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
-    a @ b  # warm the kernels up
     best = 0.0
-    for _ in range(bursts):
-        reps, start = 0, time.perf_counter()
-        while time.perf_counter() - start < burst_s:
-            a @ b
-            reps += 1
-        best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
+    for n in sizes:
+        with torch.random.fork_rng(devices=[]):
+            a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        a @ b  # warm the kernels up
+        for _ in range(bursts):
+            reps, start = 0, time.perf_counter()
+            while reps == 0 or time.perf_counter() - start < burst_s:
+                a @ b
+                reps += 1
+            best = max(best, 2 * n**3 * reps / (time.perf_counter() - start))
     return best
 
 

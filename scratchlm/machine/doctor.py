@@ -23,17 +23,31 @@ _FLAGS = ["avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512v
 _CJK_SAMPLE = "中文注意力"
 
 
-def read_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
-    """Best GB/s of summing a float32 array of `megabytes`, far larger than the caches: the rate a
-    batch-1 decoding step can read its weights at most."""
-    x = torch.ones(megabytes * 2**20 // 4)
-    x.sum()
+def _best_gb_s(work, moved_bytes: int, passes: int) -> float:
+    """GB/s of the fastest of `passes` calls of work(), which moves `moved_bytes`: noise only ever
+    slows a pass down. One untimed call first touches every page."""
+    work()
     best = 0.0
     for _ in range(passes):
         start = time.perf_counter()
-        x.sum()
-        best = max(best, x.numel() * 4 / (time.perf_counter() - start))
+        work()
+        best = max(best, moved_bytes / (time.perf_counter() - start))
     return best / 1e9
+
+
+def read_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
+    """Best GB/s of summing a float32 array of `megabytes`, far larger than the caches, with torch's
+    threads: the rate a batch-1 decoding step can read its weights at most."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    return _best_gb_s(x.sum, x.numel() * 4, passes)
+
+
+def copy_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
+    """Best GB/s of copying a float32 array of `megabytes` into another, counting the read and the
+    write."""
+    x = torch.ones(megabytes * 2**20 // 4)
+    y = torch.empty_like(x)
+    return _best_gb_s(lambda: y.copy_(x), 2 * x.numel() * 4, passes)
 
 
 def _compiler_line() -> str:
