@@ -17,6 +17,7 @@ from scratchlm.text.tokenizer import (
     CharTokenizer,
     GPT2Tokenizer,
     UnknownCharactersError,
+    byte_alphabet,
     get_tokenizer,
     load_tokenizer,
     train_tokenizer,
@@ -132,6 +133,20 @@ def test_bpe_fast_path_matches_hugging_face_on_real_text():
     assert tok.encode(held_out) == tok.encode_reference(held_out)
     assert tok.encode_batch([held_out[:1000], held_out[1000:5000]]) == [
         tok.encode_reference(held_out[:1000]), tok.encode_reference(held_out[1000:5000])]
+
+
+def test_byte_alphabet_is_the_one_hugging_face_byte_level_uses():
+    """Checked against the `tokenizers` library: the same 256 characters, and its byte-level
+    pre-tokenizer spells every byte valid UTF-8 can hold as byte_alphabet does."""
+    from tokenizers import pre_tokenizers
+
+    alphabet = byte_alphabet()
+    assert sorted(alphabet) == list(range(256))
+    assert set(alphabet.values()) == set(pre_tokenizers.ByteLevel.alphabet())
+    text = "".join(map(chr, [*range(256), 0x3b1, 0x4e2d, 0x1f600]))  # lead bytes of 2, 3 and 4 byte forms too
+    spelled = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False).pre_tokenize_str(text)
+    assert spelled[0][0] == "".join(alphabet[b] for b in text.encode("utf-8"))
+    assert (alphabet[ord(" ")], alphabet[ord("\n")], alphabet[ord("A")]) == ("Ġ", "Ċ", "A")  # as GPT-2's vocab.json
 
 
 def test_bpe_save_load(tmp_path, bpe):

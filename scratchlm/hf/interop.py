@@ -31,7 +31,7 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from scratchlm.training.checkpoint import quiet_torch_load, staged_dir
+from scratchlm.training.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
 from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.machine.flops import count_params
@@ -77,7 +77,6 @@ HF_GPT2_DEFAULTS: dict[str, Any] = {
 # to fill it. They hold no learned numbers; our model builds its mask itself.
 _MASK_BUFFER_SUFFIXES = (".attn.bias", ".attn.masked_bias")
 
-WEIGHTS_FILE = "model.safetensors"
 WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 PICKLE_WEIGHTS_FILE = "pytorch_model.bin"
 
@@ -333,11 +332,11 @@ def import_hf_tokenizer(path: Path | str) -> Any:
 
 
 def _gpt2_tokenizer_from_vocab(vocab: dict[str, int], merges: list) -> Any:
-    from scratchlm.text.tokenizer import EOS, GPT2_EOT_ID, GPT2_PATTERN, GPT2Tokenizer
+    from scratchlm.text.tokenizer import EOS, GPT2_EOT_ID, GPT2_PATTERN, GPT2Tokenizer, byte_alphabet
 
     if len(vocab) != GPT2_EOT_ID + 1 or vocab.get(EOS) != GPT2_EOT_ID or len(merges) != GPT2_EOT_ID - 256:
         return None
-    char_byte = {c: b for b, c in _bytes_to_unicode().items()}
+    char_byte = {c: b for b, c in byte_alphabet().items()}
     ranks: dict[bytes, int] = {}
     for token, i in vocab.items():
         if token == EOS:
@@ -530,18 +529,6 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
     return True
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte-level alphabet: each byte as one printable character (byte 32, the space, is 'Ġ')."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    mapping = {b: chr(b) for b in printable}
-    n = 0
-    for b in range(256):
-        if b not in mapping:
-            mapping[b] = chr(256 + n)  # bytes with no printable self move past Latin-1
-            n += 1
-    return mapping
-
-
 def _gpt2_tokenizer_from_ranks(rank_file: Path):
     """GPT-2's vocab.json and merges from tiktoken's rank file, and the `tokenizers` BPE built on them.
 
@@ -551,12 +538,14 @@ def _gpt2_tokenizer_from_ranks(rank_file: Path):
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
+    from scratchlm.text.tokenizer import byte_alphabet
+
     ranks: dict[bytes, int] = {}
     for line in rank_file.read_text(encoding="ascii").splitlines():
         if line.strip():
             token, rank = line.split()
             ranks[base64.b64decode(token)] = int(rank)
-    byte_char = _bytes_to_unicode()
+    byte_char = byte_alphabet()
     spell = lambda b: "".join(byte_char[x] for x in b)  # noqa: E731
     merges = []
     for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):

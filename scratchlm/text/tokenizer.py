@@ -301,14 +301,13 @@ class BPETokenizer:
         return f"BPETokenizer(vocab_size={self.vocab_size})"
 
 
-def _byte_level_alphabet() -> dict[str, int]:
-    """GPT-2's byte-level spelling, inverted: the printable stand-in character -> the byte.
-    Printable Latin-1 bytes stand for themselves; the others map to 256, 257, ... in byte order."""
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte-level alphabet: byte -> the one printable character that spells it in a
+    byte-level BPE vocabulary. Printable Latin-1 bytes stand for themselves; the other 68 (controls,
+    the space, ...) take chr(256), chr(257), ... in byte order, so the space is 'Ġ' and the newline 'Ċ'."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
-    table = {chr(b): b for b in printable}
-    others = [b for b in range(256) if b not in table.values()]
-    table.update({chr(256 + i): b for i, b in enumerate(others)})
-    return table
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
 def _tiktoken_twin(hf_tokenizer, special_tokens: dict[str, int]):
@@ -326,7 +325,7 @@ def _tiktoken_twin(hf_tokenizer, special_tokens: dict[str, int]):
     results = [a + b for a, b in merges]
     if len(set(results)) != len(results):
         return None
-    byte_of = _byte_level_alphabet()
+    byte_of = {ch: b for b, ch in byte_alphabet().items()}
     ranks: dict[bytes, int] = {}
     for token, i in bpe["vocab"].items():
         if token in special_tokens:
