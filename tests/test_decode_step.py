@@ -287,7 +287,7 @@ def test_models_and_calls_it_does_not_take_go_the_usual_way():
 def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
-    from scratchlm.generation import generate as gen
+    from scratchlm.generation import engine as gen
     model = _model(5, **FUSED_VARIANTS["gpt2"])
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
@@ -407,7 +407,7 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     chunk stays within GREEDY_LATENCY, the last ending at the context's edge, where the window
     starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
     all the way. A step slower than the latency budget allows goes one per call."""
-    from scratchlm.generation import generate as gen
+    from scratchlm.generation import engine as gen
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")

@@ -220,40 +220,12 @@ class Engine:
         check_generation_fits(self.config, self.device, rows_at_once, settings.max_new_tokens, len(start_ids))
         if settings.beams > 1:
             best = self.beam_search(torch.tensor(start_ids), settings, should_stop=should_stop)
-            rows = [self._finished_row(ids[len(start_ids):], settings) for ids, _ in best]
+            n = len(start_ids)
+            rows = [TextRow.finished(self.tokenizer, self.eos_id, settings.stop, ids[n:]) for ids, _ in best]
             return GenerationResult.of_rows(rows, prompt_ids, cropped, [lp for _, lp in best])
-        for rows, _, _ in self.sample_rows(start_ids, settings):
+        for rows, _, _ in sample_rows(self, start_ids, settings):
             pass
         return GenerationResult.of_rows(rows, prompt_ids, cropped)
-
-    def _finished_row(self, continuation: list[int], settings: GenerationSettings) -> TextRow:
-        row = TextRow(self.tokenizer, self.eos_id, settings.stop)
-        for token in continuation:
-            row.push(token)
-        row.finish()
-        return row
-
-    def sample_rows(self, start_ids: list[int], settings: GenerationSettings) -> Rows:
-        """Sample settings.num_samples continuations of one prompt in one batch. Yield (the rows,
-        the ids chosen (S,), the raw logits (S, V) they were chosen from) after every step, the
-        step that ends the last row included, and once more, (rows, None, None), after they are
-        all finished."""
-        device, _ = self.decoder(settings.max_new_tokens).device_dtype
-        rows = [TextRow(self.tokenizer, self.eos_id, settings.stop) for _ in range(settings.num_samples)]
-        idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
-        tokens = self.iter_tokens(idx, settings, generator=make_generator(settings.seed, device))
-        try:
-            for next_ids, logits in tokens:
-                for row, token in zip(rows, next_ids.tolist()):
-                    row.push(token)
-                yield rows, next_ids, logits
-                if all(row.reason is not None for row in rows):
-                    break
-        finally:
-            tokens.close()  # puts the model back in its former train/eval mode now, not at GC
-        for row in rows:
-            row.finish()
-        yield rows, None, None
 
     def stream_tokens(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> TokenSteps:
         """`stream` one token at a time: a TokenStep per token chosen (an end-of-text token too,
@@ -267,7 +239,7 @@ class Engine:
             if getattr(settings, name) != 1:
                 raise ConfigError(name, "a stream is one sampled continuation; use generate for more")
         prompt_ids, start_ids, cropped = encode_prompt(self.config, self.tokenizer, prompt)
-        steps = token_steps(self.sample_rows(start_ids, settings), IncrementalText(settings.stop))
+        steps = token_steps(sample_rows(self, start_ids, settings), IncrementalText(settings.stop))
         return TokenSteps(steps, prompt_ids, cropped)
 
     def stream(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> Iterator[str]:
@@ -277,6 +249,29 @@ class Engine:
         might begin a stop string until it is clear whether it does."""
         steps = self.stream_tokens(prompt, settings, **fields)
         return (step.text for step in steps if step.text)
+
+
+def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettings) -> Rows:
+    """Sample settings.num_samples continuations of one prompt in one batch with `engine`. Yield
+    (the rows, the ids chosen (S,), the raw logits (S, V) they were chosen from) after every step,
+    the step that ends the last row included, and once more, (rows, None, None), after they are
+    all finished."""
+    device, _ = engine.decoder(settings.max_new_tokens).device_dtype
+    rows = [TextRow(engine.tokenizer, engine.eos_id, settings.stop) for _ in range(settings.num_samples)]
+    idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
+    tokens = engine.iter_tokens(idx, settings, generator=make_generator(settings.seed, device))
+    try:
+        for next_ids, logits in tokens:
+            for row, token in zip(rows, next_ids.tolist()):
+                row.push(token)
+            yield rows, next_ids, logits
+            if all(row.reason is not None for row in rows):
+                break
+    finally:
+        tokens.close()  # puts the model back in its former train/eval mode now, not at GC
+    for row in rows:
+        row.finish()
+    yield rows, None, None
 
 
 def _next_logits(decoder: Decoder, seq: torch.Tensor, cache: KVCache | None) -> torch.Tensor:

@@ -69,6 +69,15 @@ class TextRow:
         if self.reason is None:
             self.reason = "length"
 
+    @classmethod
+    def finished(cls, tokenizer, eos_id: int | None, stops: Sequence[str], ids: list[int]) -> TextRow:
+        """The finished row of a continuation known whole (a beam): `ids` pushed, then finish()."""
+        row = cls(tokenizer, eos_id, stops)
+        for token in ids:
+            row.push(token)
+        row.finish()
+        return row
+
 
 class IncrementalText:
     """Turns a growing list of token ids into printable pieces.
@@ -185,7 +194,7 @@ class TokenSteps(Iterator[TokenStep]):
 
 def token_steps(rows: Iterator[tuple[list[TextRow], torch.Tensor | None, torch.Tensor | None]],
                 printer: IncrementalText) -> Iterator[TokenStep]:
-    """The steps of one row's continuation (see Engine.sample_rows), each with the text it made
+    """The steps of one row's continuation (see engine.sample_rows), each with the text it made
     printable."""
     for (row,), next_ids, logits in rows:
         piece = printer.piece(row.text, final=row.reason is not None)
