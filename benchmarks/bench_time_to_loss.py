@@ -48,8 +48,9 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
             **overrides: Any) -> dict[str, Any]:
     """One training of `preset`; from probe_from of its steps on, the whole validation split is
     scored every max_steps / probes steps until it reaches the goal (the run then stops)."""
-    from scratchlm.training import run as run_module
+    from scratchlm.training import train as train_module
     from scratchlm.training.evaluation import evaluate_full
+    from scratchlm.training.state import TrainState
     from scratchlm.training.train import config_from_preset, train
 
     cfg = config_from_preset(preset, data=str(data), out_dir=str(workdir / f"run-{time.time_ns()}"),
@@ -57,12 +58,17 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
     probe_cfg = dataclasses.replace(cfg, batch_size=64)  # the probes' windows in batches of 64: the same loss, sooner
     every = max(1, cfg.max_steps // probes) if probes else 1
     first = int(cfg.max_steps * probe_from)
-    runs: list = []
-    begin = run_module.Run.begin
+    runs: list = []  # (setup, parts, state) of the run: the benchmark needs its model, validation tokens and clock
+    make_parts, begin = train_module.make_parts, TrainState.begin
 
-    def keep(self, *args, **kwargs):  # the benchmark needs the run's model and validation tokens
-        runs.append(self)
-        return begin(self, *args, **kwargs)
+    def keep_parts(model, setup):
+        parts = make_parts(model, setup)
+        runs.append([setup, parts, None])
+        return parts
+
+    def keep_state(self):
+        runs[-1][2] = self
+        return begin(self)
 
     probe_s, evals, reached = 0.0, [], {}
 
@@ -70,10 +76,10 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
         nonlocal probe_s
         if step < first or (step % every and step != cfg.max_steps) or not probes:
             return False
-        r = runs[-1]
+        setup, parts, state = runs[-1]
         t0 = time.perf_counter()
-        trained = t0 - r.t_start - probe_s
-        val = evaluate_full(r.model, r.val_tokens, probe_cfg, r.block_size, r.device, r.d)
+        trained = t0 - state.t_start - probe_s
+        val = evaluate_full(parts.model, setup.val_tokens, probe_cfg, setup.block_size, setup.device, setup.d)
         probe_s += time.perf_counter() - t0
         evals.append((step, trained, val))
         if val <= GOAL_LOSS:
@@ -81,11 +87,11 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
             return True
         return False
 
-    run_module.Run.begin = keep
+    train_module.make_parts, TrainState.begin = keep_parts, keep_state
     try:
         result = train(cfg, on_step=on_step)
     finally:
-        run_module.Run.begin = begin
+        train_module.make_parts, TrainState.begin = make_parts, begin
     return {"time_s": reached.get("time_s"), "reached_step": reached.get("step"),
             "val_loss": reached.get("val_loss", evals[-1][2] if evals else result.val_loss),
             "train_s": result.elapsed_s - probe_s, "steps": result.step, "max_steps": cfg.max_steps,
@@ -94,7 +100,7 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
 
 def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]:
     """Tokens/s of one training step at the baby shape, steady state, interleaved: our fp32
-    `shakespeare-char` step through the trainer's own step function (scratchlm.training.train._train_step:
+    `shakespeare-char` step through the trainer's own step function (scratchlm.training.train.train_step:
     fused loss, foreach clipping, fused AdamW) beside the peer's (peer_classic.make_step), both on
     random batches of the file's characters. Medians over `rounds` blocks of `steps` steps."""
     import torch
@@ -103,7 +109,7 @@ def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]
     from scratchlm.training.distributed import Dist
     from scratchlm.model.gpt import GPT
     from scratchlm.training.optim import make_optimizer
-    from scratchlm.training.train import _train_step, config_from_preset
+    from scratchlm.training.train import TrainParts, config_from_preset, train_step
 
     peer_step, vocab = peer_classic.make_step(data)
     cfg = config_from_preset("shakespeare-char", fused_loss=True)
@@ -119,7 +125,8 @@ def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]
             return rows[:, :-1], rows[:, 1:]
 
     stream, d = Batches(), Dist()
-    ours = lambda: _train_step(model, model, optimizer, scaler, stream, cfg, d, torch.device("cpu"))  # noqa: E731
+    parts = TrainParts(model=model, forward=model, optimizer=optimizer, scaler=scaler, batches=stream)
+    ours = lambda: train_step(parts, cfg, d, torch.device("cpu"))  # noqa: E731
     times: dict[str, list[float]] = {"ours": [], "peer": []}
     for name, step in (("ours", ours), ("peer", peer_step)):
         for _ in range(10):  # warm-up

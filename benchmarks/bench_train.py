@@ -5,7 +5,7 @@ only ratios carry over between runs):
 
 1. Tokens/s of a full training step (forward, backward, gradient clipping to 1.0, AdamW step,
    zero_grad) at the `smoke` shape: batch 8 x 256 tokens, vocabulary 50304, 2 layers, 4 heads,
-   width 128. Ours runs through the trainer's own step function (scratchlm.training.train._train_step)
+   width 128. Ours runs through the trainer's own step function (scratchlm.training.train.train_step)
    in several modes; Hugging Face's `GPT2LMHeadModel` (fp32, random weights, the same sizes, its
    default attention implementation) runs with `torch.optim.AdamW`'s defaults, at torch's
    thread count and at 1 thread; our fastest mode is judged against the faster of the two. All
@@ -110,7 +110,7 @@ def batch(vocab: int, b: int, t: int) -> tuple[torch.Tensor, torch.Tensor]:
 def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Callable[[], None], GPT]:
     """One call = one optimizer step of the trainer's own step function, in `mode`."""
     from scratchlm.training.distributed import Dist
-    from scratchlm.training.train import TrainConfig, _train_step, make_optimizer
+    from scratchlm.training.train import TrainConfig, TrainParts, make_optimizer, train_step
 
     dtype, fused, compiled, threads = OUR_MODES[mode]
     model = our_model(**(overrides or {}))
@@ -120,11 +120,12 @@ def our_step(mode: str, overrides: dict | None = None, b: int = B) -> tuple[Call
     forward = torch.compile(model) if compiled else model
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     stream = _SameBatch(*batch(model.config.vocab_size, b, model.config.block_size))
+    parts = TrainParts(model=model, forward=forward, optimizer=optimizer, scaler=scaler, batches=stream)
     def step():
         default = torch.get_num_threads()
         torch.set_num_threads(threads or default)
         try:
-            return _train_step(forward, model, optimizer, scaler, stream, cfg, Dist(), device)
+            return train_step(parts, cfg, Dist(), device)
         finally:
             torch.set_num_threads(default)
 

@@ -64,7 +64,7 @@ def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> 
     """One call = one optimizer step of the trainer's own step function (bf16 autocast, fused
     loss, gradient clipping, fused AdamW)."""
     from scratchlm.training.distributed import Dist
-    from scratchlm.training.train import TrainConfig, _train_step, make_optimizer
+    from scratchlm.training.train import TrainConfig, TrainParts, make_optimizer, train_step
 
     torch.manual_seed(0)
     model = GPT(config).to(device).train()
@@ -73,7 +73,8 @@ def our_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> 
     forward = torch.compile(model) if compile else model
     scaler = torch.amp.GradScaler(device.type, enabled=False)  # bf16 needs no loss scaling
     stream = _SameBatch(*_batch(config.vocab_size, b, config.block_size, device))
-    return lambda: _train_step(forward, model, optimizer, scaler, stream, cfg, Dist(), device), model
+    parts = TrainParts(model=model, forward=forward, optimizer=optimizer, scaler=scaler, batches=stream)
+    return lambda: train_step(parts, cfg, Dist(), device), model
 
 
 def hf_step(config: GPTConfig, b: int, device: torch.device, compile: bool) -> tuple[Callable[[], Any], Any]:

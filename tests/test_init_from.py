@@ -85,7 +85,7 @@ def test_a_fine_tune_resumes_exactly(tmp_path, source):
     data = _text(tmp_path / "b.txt", 2)
     whole = train(_config(tmp_path, "whole", data, init_from=str(source), max_steps=4, model_overrides={}))
     train(_config(tmp_path, "split", data, init_from=str(source), max_steps=2, model_overrides={}))
-    from scratchlm.training.run import resume_config
+    from scratchlm.training.train import resume_config
 
     again = train(resume_config(tmp_path / "split", max_steps=4))
     assert again.losses == {s: whole.losses[s] for s in (3, 4)}

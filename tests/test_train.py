@@ -399,7 +399,7 @@ def test_a_reader_that_goes_away_does_not_stop_training(tmp_path):
 
 
 # ------------------------------------------------------------------------------ one step by hand
-# _train_step against autograd on a copy of the model: the update plain SGD makes from the mean
+# train_step against autograd on a copy of the model: the update plain SGD makes from the mean
 # of the micro-batches' losses, clipped as clip_grad_norm_'s rule says (computed here, not by torch).
 
 
@@ -412,12 +412,12 @@ class _Batches:
 
 
 def _one_step(grad_accum: int, grad_clip: float, scaler=None, poison=False):
-    """(model before, model after, batches, what _train_step returned) for one SGD step, lr 0.5."""
+    """(model before, model after, batches, what train_step returned) for one SGD step, lr 0.5."""
     import copy
 
     from scratchlm.model.config import GPTConfig
     from scratchlm.training.distributed import Dist
-    from scratchlm.training.train import _train_step
+    from scratchlm.training.train import TrainParts, train_step
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=11, block_size=8, n_layer=1, n_head=2, n_embd=8, dropout=0.0))
@@ -428,7 +428,8 @@ def _one_step(grad_accum: int, grad_clip: float, scaler=None, poison=False):
     cfg = TrainConfig(grad_accum=grad_accum, grad_clip=grad_clip)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
     scaler = scaler or torch.amp.GradScaler("cpu", enabled=False)
-    out = _train_step(model, model, optimizer, scaler, _Batches(batches), cfg, Dist(), torch.device("cpu"))
+    parts = TrainParts(model=model, forward=model, optimizer=optimizer, scaler=scaler, batches=_Batches(batches))
+    out = train_step(parts, cfg, Dist(), torch.device("cpu"))
     return before, model, batches, out
 
 

@@ -15,9 +15,12 @@ import torch
 from scratchlm.training import checkpoint as ckpt_io
 from scratchlm.training.distributed import Dist, any_rank
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, why_write_failed
+from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, cut_torn_tail, why_write_failed
 from scratchlm.training.runlock import LOCK_FILE, RunLock, holder, holder_of
 from scratchlm.training.train_config import TrainConfig
+
+METRICS_FILE = "metrics.jsonl"
+"""The run's log: one JSON record per event (scratchlm.training.progress)."""
 
 
 def take_run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Path, Path | None, RunLock | None]:
@@ -113,7 +116,20 @@ def clear_start_leftovers(run_dir: Path) -> None:
 
 def stopped_before_first_checkpoint(run_dir: Path) -> bool:
     """A run folder (its metrics.jsonl is written from the first step) that holds no checkpoint."""
-    return (run_dir / "metrics.jsonl").is_file() and ckpt_io.latest_checkpoint(run_dir) is None
+    return (run_dir / METRICS_FILE).is_file() and ckpt_io.latest_checkpoint(run_dir) is None
+
+
+def ready_for_writing(run_dir: Path, tokenizer, resumed: bool) -> None:
+    """A new run's folder made, only now (a run that fails to start leaves no folder behind), with
+    its tokenizer; a torn last record cut off a resumed run's log before the run appends to it."""
+    if resumed:
+        cut = cut_torn_tail(run_dir / METRICS_FILE)
+        if cut:
+            print(f"note: {run_dir / METRICS_FILE}: cut a torn last record ({cut} bytes, from a write that did not "
+                  "finish); the records before it are kept", file=sys.stderr)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    save_run_tokenizer(tokenizer, run_dir)
 
 
 def save_run_tokenizer(tokenizer, run_dir: Path) -> None:

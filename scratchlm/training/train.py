@@ -12,6 +12,16 @@ with a gradient scaler on CUDA), optional torch.compile and activation checkpoin
 checkpoints with exact resume, skipping of non-finite steps, and multi-process training with
 DistributedDataParallel or FSDP2 when launched by torchrun. The same function runs under plain
 `python` and under `torchrun`; it reads its settings from `TrainConfig`, never from sys.argv.
+
+`_train` tells the whole run, top to bottom:
+
+    setup    dtype, run folder (locked), tokenizer, block size, data, vocabulary and model config,
+             decided once into a frozen RunSetup (scratchlm.training.setup)
+    build    the model, and what a step works on (scratchlm.training.parts); a resumed run's
+             counters, optimizer state, batch position and RNGs (scratchlm.training.resume)
+    loop     learning rate, train_step, count and log; then evaluate, sample and save when due;
+             stop early when a signal or on_step asks
+    finish   the result and the run's last record
 """
 
 from __future__ import annotations
@@ -22,10 +32,19 @@ from typing import Callable
 
 import torch
 
-from scratchlm.training.distributed import Dist, all_mean, setup_processes
-from scratchlm.training.precision import autocast
+from scratchlm.machine.flops import device_peak
+from scratchlm.model.gpt import GPT
+from scratchlm.training import run_folder
+from scratchlm.training.distributed import Dist, all_mean, any_rank, setup_processes
+from scratchlm.training.evaluation import evaluate, evaluate_full, sample_text
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
-from scratchlm.training.run import Run, StopRequest, TrainResult, resume_config  # noqa: F401 - resume_config: this module's API
+from scratchlm.training.parts import TrainParts, build_model, make_parts
+from scratchlm.training.precision import autocast
+from scratchlm.training.progress import RunLog
+from scratchlm.training.resume import changed_settings, restore_run, resume_config, save_run  # noqa: F401 - resume_config: this module's API
+from scratchlm.training.run import StopRequest, TrainResult, finish
+from scratchlm.training.setup import RunSetup, set_up_run
+from scratchlm.training.state import TrainState
 from scratchlm.training.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
 )
@@ -52,12 +71,13 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
 
 
 # --------------------------------------------------------------------------------------------
-# The loop
+# The run
 # --------------------------------------------------------------------------------------------
 
 
 def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | None = None) -> TrainResult:
-    """Train a model as `cfg` says; return where it went and how it did.
+    """Train a model as `cfg` says; return where it went and how it did. `cfg` itself is not
+    changed (the run records its own copy, with the dtype and folder it chose written in).
 
     on_step(step, record) is called on the main process after every step; returning True stops
     the run as a signal would (a checkpoint is saved first).
@@ -84,44 +104,74 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
 
 
 def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainResult:
-    run = Run(cfg, d, device)  # the run's folder, data, model and optimizer; a resumed run's state
+    # --- setup: every decision once, in order; the run folder is ours (locked) from here
+    setup = set_up_run(cfg, d, device)
+    cfg = setup.cfg  # the given config with the decisions written in: what the log and checkpoints record
+    log = None
     try:
+        # --- the model and what drives it; a resumed run's counters and states
+        model = build_model(setup)  # new, the --init_from source's weights, or the checkpoint's
+        parts = make_parts(model, setup)  # wrapped for several processes, compiled, optimizer, scaler, batches
+        state = restore_run(setup, parts) if setup.resume_ckpt is not None else TrainState()
+        # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from);
+        # taken before the folder is made, since a bad SCRATCHLM_CPU_MAX_GHZ is an error
+        peak = device_peak(device, cfg.dtype) if d.is_main else None
+        if d.is_main:
+            run_folder.ready_for_writing(setup.run_dir, setup.tokenizer, resumed=setup.resume_ckpt is not None)
+        log = RunLog(setup, state, peak)
+        log.start(model.num_params(), changed_settings(setup))
+
+        # --- the loop
         with StopRequest() as stop:
-            run.begin()
-            while run.step < cfg.max_steps:
-                lr = learning_rate(run.step, cfg)
-                for group in run.optimizer.param_groups:
+            state.begin()
+            while state.step < cfg.max_steps:
+                lr = learning_rate(state.step, cfg)
+                for group in parts.optimizer.param_groups:
                     group["lr"] = lr
-                loss, norm, applied = _train_step(run.forward, run.model, run.optimizer, run.scaler, run.stream,
-                                                  cfg, d, device)
-                run.count(loss, applied)
-                record = run.log(loss, lr, norm)
-                run.evaluate_sample_save()
-                if run.stop_requested(stop, on_step, record):
+                loss, norm, applied = train_step(parts, cfg, d, device)
+                state.count(loss, applied, setup.tokens_per_step)
+                if not applied:  # a non-finite loss or gradient: the weights were left as they were
+                    log.skipped(loss)
+                    state.check_bad_steps(cfg.max_bad_steps)  # too many in a row stop the run
+                record = log.step(loss, lr, norm)
+                last = state.step == cfg.max_steps
+                evaluating = last or _every(cfg.eval_interval, state.step)
+                if evaluating:
+                    state.val_loss, state.val_bpb = _evaluate(setup, parts, log, last)
+                if (evaluating and cfg.sample_interval == 0) or _every(cfg.sample_interval, state.step):
+                    state.sample = _sample(setup, model, log, state.step)
+                if (last or _every(cfg.checkpoint_interval, state.step)) and state.bad_in_row == 0:
+                    state.last_good_ckpt = save_run(setup, parts, model, state, log)  # only after a good step
+                if _stop_requested(stop, on_step, record, setup, state):
+                    state.last_good_ckpt = save_run(setup, parts, model, state, log)
+                    state.stopped = True
+                    log.stopped(stop.signal_name or "a stop request")
                     break
-        return run.finish()
+        return finish(setup, state, log)
     finally:
-        run.close()
+        if log is not None:
+            log.close()
+        setup.release()
 
 
-def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: Dist,
-                device: torch.device) -> tuple[float, float, bool]:
-    """One optimizer step over grad_accum micro-batches.
+def train_step(parts: TrainParts, cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[float, float, bool]:
+    """One optimizer step over grad_accum micro-batches of parts.batches.
 
     Returns (loss averaged over micro-batches and processes, gradient norm before clipping,
     whether the update was applied). A non-finite loss or gradient norm skips the update:
-    one bad batch must not poison the weights.
+    one bad batch must not poison the weights. The learning rate is the optimizer's as set.
     """
+    model, optimizer, scaler = parts.model, parts.optimizer, parts.scaler
     loss_sum = torch.zeros((), device=device)
     for micro in range(cfg.grad_accum):
-        x, y = stream.next_batch()
+        x, y = parts.batches.next_batch()
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         # DDP: only the last micro-batch's backward needs the gradient all-reduce
         last_micro = micro == cfg.grad_accum - 1
         sync = model.no_sync() if (d.enabled and not cfg.fsdp and not last_micro) else nullcontext()
         with sync:
             with autocast(device, cfg.dtype):
-                _, loss = forward(x, y, return_logits=not cfg.fused_loss)
+                _, loss = parts.forward(x, y, return_logits=not cfg.fused_loss)
             scaler.scale(loss / cfg.grad_accum).backward()
         loss_sum += loss.detach().float()
     loss_avg = all_mean(loss_sum / cfg.grad_accum, d)
@@ -141,3 +191,44 @@ def _train_step(forward, model, optimizer, scaler, stream, cfg: TrainConfig, d: 
         scaler.update()
     optimizer.zero_grad(set_to_none=True)
     return float(loss_avg), float(norm), applied
+
+
+# --------------------------------------------------------------------------------------------
+# What the loop does when it is due
+# --------------------------------------------------------------------------------------------
+
+
+def _every(interval: int, step: int) -> bool:
+    """Whether `step` is one of every `interval` steps (0: never)."""
+    return bool(interval) and step % interval == 0
+
+
+def _evaluate(setup: RunSetup, parts: TrainParts, log: RunLog, last: bool) -> tuple[float, float]:
+    """(validation loss, bits per byte), recorded and said: on eval_iters batches, or at the last
+    step on the whole validation split when it holds at most full_eval_windows windows."""
+    cfg = setup.cfg
+    full = last and (len(setup.val_tokens) - 1) // setup.block_size <= cfg.full_eval_windows
+    measure = evaluate_full if full else evaluate
+    val_loss = measure(parts.model, setup.val_tokens, cfg, setup.block_size, setup.device, setup.d)
+    bpb = val_loss / math.log(2) / setup.bytes_per_token
+    log.evaluation(val_loss, bpb, full)
+    return val_loss, bpb
+
+
+def _sample(setup: RunSetup, model: GPT, log: RunLog, step: int) -> str | None:
+    """A short sample, recorded and said, drawn with RNGs of its own (training's are untouched);
+    by the main process only, and not from FSDP's shards."""
+    cfg, d, device = setup.cfg, setup.d, setup.device
+    if cfg.sample_tokens == 0 or (cfg.fsdp and d.enabled) or not d.is_main:
+        return None
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        text = sample_text(model, setup.tokenizer, cfg.sample_tokens, cfg.seed + step)
+    log.sample(text)
+    return text
+
+
+def _stop_requested(stop: StopRequest, on_step, record: dict, setup: RunSetup, state: TrainState) -> bool:
+    """Whether a signal (on any process) or on_step asked to stop before max_steps; every process
+    takes part in the vote at every step."""
+    hook_stop = bool(on_step(state.step, record)) if (on_step is not None and setup.d.is_main) else False
+    return any_rank(stop.requested or hook_stop, setup.d, setup.device) and state.step != setup.cfg.max_steps

@@ -1,0 +1,78 @@
+"""The model a run trains and what a training step works on (`TrainParts`): the model wrapped
+for several processes (DDP or FSDP2), its forward pass (compiled or not), the optimizer, the
+gradient scaler and this process's batches. Built once, from what the run's setup decided.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from scratchlm.machine.memory import check_model_fits
+from scratchlm.model.gpt import GPT
+from scratchlm.training import checkpoint as ckpt_io
+from scratchlm.training.batches import RankBatches
+from scratchlm.training.distributed import apply_fsdp
+from scratchlm.training.optim import make_optimizer
+from scratchlm.training.setup import RunSetup
+
+
+@dataclass
+class TrainParts:
+    """What one training step (scratchlm.training.train.train_step) works on."""
+
+    model: torch.nn.Module
+    """The model as the step calls it: the GPT, or its DDP or FSDP2 wrapping."""
+    forward: Callable[..., Any]
+    """model's forward pass: the model itself, or torch.compile of it."""
+    optimizer: torch.optim.Optimizer
+    scaler: torch.amp.GradScaler
+    """float16's gradient scaler; disabled (each call a no-op) in other precisions."""
+    batches: Any
+    """next_batch() -> (x, y), each (B, T): this process's batches (a RankBatches)."""
+
+
+def build_model(setup: RunSetup) -> GPT:
+    """The run's GPT on its device, in training mode: new, the source's weights, or the
+    checkpoint's. Seeded first, so a new model is the same for a seed."""
+    cfg, d = setup.cfg, setup.d
+    random.seed(cfg.seed)
+    np.random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    if setup.resume_ckpt is not None:
+        model, _, _ = ckpt_io.load_model(setup.resume_ckpt, device="cpu")
+    else:
+        check_model_fits(setup.model_config, setup.device, training=True, batch=cfg.batch_size,  # before a byte
+                         seq_len=setup.block_size, checkpointing=cfg.activation_checkpointing)  # of it is allocated
+        model = GPT(setup.model_config)
+        if setup.source is not None:
+            model.load_state_dict(setup.source.model.state_dict())
+    if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
+        torch.manual_seed(cfg.seed + d.rank)
+    model.to(setup.device).train()
+    model.gradient_checkpointing = cfg.activation_checkpointing
+    return model
+
+
+def make_parts(model: GPT, setup: RunSetup) -> TrainParts:
+    """`model` wrapped for several processes (when there are), its forward, a fresh optimizer and
+    gradient scaler, and this process's batch stream from the start of the training tokens."""
+    cfg, d, device = setup.cfg, setup.d, setup.device
+    wrapped: torch.nn.Module = model
+    if cfg.fsdp and d.enabled:
+        wrapped = apply_fsdp(model, device, d)
+    elif d.enabled:
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        wrapped = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return TrainParts(
+        model=wrapped,
+        forward=torch.compile(wrapped) if cfg.compile else wrapped,
+        optimizer=make_optimizer(wrapped, cfg, device),
+        scaler=torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16"),
+        batches=RankBatches(setup.train_tokens, cfg.batch_size, setup.block_size, cfg.seed, d),
+    )
