@@ -42,7 +42,8 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     # name: (file under scratchlm/, the tests that should notice a change to it)
     "model": ("model/gpt.py", ["tests/test_model.py", "tests/test_reference.py"]),
     "sampling": ("generation/sampling.py", ["tests/test_sampling.py"]),
-    "generate": ("generation/generate.py", ["tests/test_generate.py",
+    # the generation loops (the Engine); generation/generate.py only hands its calls to one
+    "generate": ("generation/engine.py", ["tests/test_generate.py", "tests/test_generate_text.py", "tests/test_engine.py",
                                  "tests/test_decode_step.py::test_generation_uses_it_and_keeps_greedy_tokens",
                                  "tests/test_decode_step.py::test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tokens"]),
     "fused_loss": ("model/fused_loss.py", ["tests/test_fused_loss.py"]),
@@ -50,13 +51,13 @@ MODULES: dict[str, tuple[str, list[str]]] = {
                            "-m", "not slow"]),
     # checkpoint's writes under failure (full disk, kills, stale temp folders) are tested in test_crash
     "checkpoint": ("training/checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
-    "data": ("data/preparation.py", ["tests/test_data.py"]),
+    "data": ("data/preparation.py", ["tests/test_data_preparation.py", "tests/test_data_bad_input.py"]),
 }
 
 HAND_MUTATIONS = [
     # (name, file, old text, new text, tests): the mutations of issue 21, each of which passed the
     # suite once; `--hand` applies each and names the tests that now fail it
-    ("cached step fed the previous token", "generation/generate.py",
+    ("cached step fed the previous token", "generation/engine.py",
      "return decoder.last_logits(seq[:, -1:], cache)", "return decoder.last_logits(seq[:, -2:-1], cache)",
      ["tests/test_decoding.py::test_bfloat16_cached_steps_match_the_uncached_loop",
       "tests/test_decoding.py::test_generate_text_in_bfloat16_and_on_the_command_line"]),
@@ -78,21 +79,21 @@ HAND_MUTATIONS = [
     ("the fused-loss flag ignored", "training/train.py",
      "return_logits=not cfg.fused_loss", "return_logits=False",
      ["tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses"]),
-    ("generation without inference mode", "generation/generate.py",
-     "@torch.inference_mode()\ndef iter_tokens(", "def iter_tokens(",
+    ("generation without inference mode", "generation/engine.py",
+     "    @torch.inference_mode()\n    def iter_tokens(", "    def iter_tokens(",
      ["tests/test_generate.py::test_generation_restores_training_mode_and_needs_no_grad"]),
     ("gemv never splits its rows", "kernels/__init__.py",
      "return n_out * k >= GEMV_PARALLEL_MIN", "return False",
      ["tests/test_kernels.py::test_gemv_splits_rows_between_threads_as_documented"]),
     ("validation = the last documents, no RNG", "data/preparation.py",
      "is_val[np.random.default_rng(cfg.seed).permutation(n_docs)[:n_val]] = True", "is_val[n_docs - n_val:] = True",
-     ["tests/test_data.py::test_prepare_documents_split_is_seeded_and_whole"]),
+     ["tests/test_data_preparation.py::test_prepare_documents_split_is_seeded_and_whole"]),
     ("decode step's rows not shared out (omp for removed)", "kernels/decode_step.c",
      "#pragma omp for schedule(guided, 32)\n", "",
      ["tests/test_decode_step.py::test_every_matrix_row_is_computed_once_and_two_threads_share_them"]),
     # issue 30's survivors (each passed the suite once); a file under scripts/ is named from the repository root
-    ("beam search without inference mode", "generation/generate.py",
-     "@torch.inference_mode()\ndef beam_search(", "def beam_search(",
+    ("beam search without inference mode", "generation/engine.py",
+     "    @torch.inference_mode()\n    def beam_search(", "    def beam_search(",
      ["tests/test_beam_and_stop_strings.py::test_beam_search_builds_no_graph"]),
     ("kill_resume counts a kill that left no checkpoint as identical", "scripts/kill_resume.py",
      "    same = None  # no checkpoint yet: nothing to compare, and counted as such, not as identical\n",
