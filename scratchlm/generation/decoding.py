@@ -9,7 +9,7 @@ steps can go in one call. A `Decoder` holds the two together: the model a step r
 itself or its copy) and the copy's compiled step; `decoder_for` builds one per model and dtype
 and keeps it while the model's weights stay as they were.
 
-Imports run one way: scratchlm.generation.generate -> here -> scratchlm.kernels.
+Imports run one way: scratchlm.generation.engine -> here -> scratchlm.kernels.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     Elsewhere (GPU) the copy is simply cast to `dtype`. The copy shares no storage with `model`:
     in float32 it computes the same numbers to rounding; in bfloat16 to bfloat16's precision
     (about 3 significant digits).
-    `generate`, `iter_tokens` and `beam_search` build one and reuse it while the weights stay
+    The Engine (scratchlm.generation.engine) builds one and reuses it while the weights stay
     unchanged (see `decoder_for`).
     """
     dtype = _as_dtype(dtype, model)
@@ -218,8 +218,8 @@ class Decoder:
     copy, else None. `signature` names the weights the copy was made from (None: no copy).
 
     `Decoder.build(model, dtype)` makes the copy and its step; `Decoder(model)` decodes with the
-    model as it is. The generation functions take a Decoder where they take a model, and then
-    use it as it is."""
+    model as it is. An Engine (and every generation function) takes a Decoder where it takes a
+    model, and then uses it as it is."""
 
     def __init__(self, model: GPT, step: FusedDecodeStep | None = None, signature: tuple | None = None):
         self.model = model
