@@ -233,7 +233,8 @@ def test_the_scratch_is_allocated_once_per_copy_and_too_little_is_refused(kernel
         assert step._scratch_for(1) == (address, size)  # the same memory at every token
         torch.set_num_threads(2)
         assert step(idx[:, :1], KVCache(model.config, 1)) is not None
-    assert step._scratch_for(2)[1] > size  # room for a second thread's part
+    address, grown = step._scratch_for(2)
+    assert grown > size  # room for a second thread's part
     library = kernel_variant.lib
     assert size == library.scratchlm_decode_scratch_bytes(ctypes.byref(step._model), 1)
     k_before, v_before = cache.k.clone(), cache.v.clone()
@@ -242,7 +243,9 @@ def test_the_scratch_is_allocated_once_per_copy_and_too_little_is_refused(kernel
                                        cache.length, cache.k.data_ptr(), cache.v.data_ptr(), logits.data_ptr(), 1,
                                        address, size - 1)
     assert rc == -1
-    assert torch.equal(cache.k, k_before) and torch.equal(cache.v, v_before) and bool((logits == 7.0).all())
+    bits = lambda t: t.view(torch.int32)  # noqa: E731 - the cache's unused rows are uninitialised: maybe NaNs
+    assert torch.equal(bits(cache.k), bits(k_before)) and torch.equal(bits(cache.v), bits(v_before))
+    assert bool((logits == 7.0).all())
 
 
 def test_models_and_calls_it_does_not_take_go_the_usual_way():
