@@ -123,8 +123,8 @@ def _compare_adamw(walk: TrainingWalk, named: dict, before: dict, grads: dict, o
         # fed torch's gradient: where a gradient is far below eps (1e-8), the step g / (|g| + eps)
         # magnifies its last bits by 1/eps, so the two gradients' 1e-18 differences would show
         zeros = np.zeros_like(before[name])
-        out = back.adamw_step(before[name], grads[name], zeros, zeros, 1, lr=lr, beta1=beta1, beta2=beta2,
-                              eps=walk.eps, weight_decay=decay)
+        out = back.adamw_step(before[name], grads[name], zeros, zeros, 1,
+                              back.AdamW(lr=lr, beta1=beta1, beta2=beta2, eps=walk.eps, weight_decay=decay))
         state = optimizer.state[p]
         for key, theirs in (("m", state["exp_avg"]), ("v", state["exp_avg_sq"]), ("param", p)):
             walk.steps.append(compare(f"adamw {key} {name}", "", theirs, out[key]))

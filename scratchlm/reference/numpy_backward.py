@@ -19,6 +19,7 @@ and any leading batch shape `...`.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -37,6 +38,7 @@ __all__ = [
     "activation_backward",
     "softmax_backward",
     "rope_backward",
+    "AdamW",
     "adamw_step",
 ]
 
@@ -139,9 +141,24 @@ def _linear_grads(x, layer: dict, dy, grads: dict, name: str) -> np.ndarray:
     return dx
 
 
-def _attention_backward(x, block: dict, cfg: Any, trace: dict, p: str, d_out, grads: dict, name: str,
-                        rope) -> np.ndarray:
+@dataclass(frozen=True)
+class _Layer:
+    """What every branch of block i's backward pass reads: its weights, the config, the forward
+    trace (its keys prefixed `p`), where gradients go (under `name`), and RoPE's tables or None."""
+
+    block: dict
+    cfg: Any
+    trace: dict
+    p: str
+    name: str
+    grads: dict
+    rope: Any
+
+
+def _attention_backward(x, layer: _Layer, d_out) -> np.ndarray:
     """Back through c_proj, the weighted sum, the softmax, the scaled scores, RoPE and c_attn."""
+    block, cfg, trace, p, grads, name, rope = (layer.block, layer.cfg, layer.trace, layer.p, layer.grads,
+                                               layer.name, layer.rope)
     attn = block["attn"]
     d_concat = _linear_grads(trace[p + "concat"], attn["c_proj"], d_out, grads, name + ".attn.c_proj")
     d_heads = split_heads(d_concat, _cfg(cfg, "n_head"))  # [..., H, T, hs]
@@ -156,10 +173,10 @@ def _attention_backward(x, block: dict, cfg: Any, trace: dict, p: str, d_out, gr
     return _linear_grads(x, attn["c_attn"], d_qkv, grads, name + ".attn.c_attn")
 
 
-def _mlp_backward(x, block: dict, cfg: Any, trace: dict, p: str, d_out, grads: dict, name: str) -> np.ndarray:
-    mlp = block["mlp"]
+def _mlp_backward(x, layer: _Layer, d_out) -> np.ndarray:
+    mlp, trace, p, grads, name = layer.block["mlp"], layer.trace, layer.p, layer.grads, layer.name
     d_hidden = _linear_grads(trace[p + "mlp_hidden"], mlp["c_proj"], d_out, grads, name + ".mlp.c_proj")
-    d_pre = activation_backward(trace[p + "mlp_pre"], _cfg(cfg, "activation"), d_hidden)
+    d_pre = activation_backward(trace[p + "mlp_pre"], _cfg(layer.cfg, "activation"), d_hidden)
     return _linear_grads(x, mlp["c_fc"], d_pre, grads, name + ".mlp.c_fc")
 
 
@@ -169,15 +186,16 @@ def _block_backward(block: dict, cfg: Any, trace: dict, i: int, d_out, grads: di
     through untouched and each branch adds its share. Post-norm: out = ln_2(ln_1(r1) + mlp(ln_1(r1))),
     r1 = in + attn(in): each norm comes first on the way back."""
     p, name = f"h{i}.", f"transformer.h.{i}"
+    layer = _Layer(block, cfg, trace, p, name, grads, rope)
     if _cfg(cfg, "norm_position") == "pre":
-        d_ln2 = _mlp_backward(trace[p + "ln_2"], block, cfg, trace, p, d_out, grads, name)
+        d_ln2 = _mlp_backward(trace[p + "ln_2"], layer, d_out)
         d_resid1 = d_out + _norm_backward(trace[p + "resid_1"], block["ln_2"], cfg, d_ln2, grads, name + ".ln_2")
-        d_ln1 = _attention_backward(trace[p + "ln_1"], block, cfg, trace, p, d_resid1, grads, name, rope)
+        d_ln1 = _attention_backward(trace[p + "ln_1"], layer, d_resid1)
         return d_resid1 + _norm_backward(trace[p + "in"], block["ln_1"], cfg, d_ln1, grads, name + ".ln_1")
     d_resid2 = _norm_backward(trace[p + "resid_2"], block["ln_2"], cfg, d_out, grads, name + ".ln_2")
-    d_ln1 = d_resid2 + _mlp_backward(trace[p + "ln_1"], block, cfg, trace, p, d_resid2, grads, name)
+    d_ln1 = d_resid2 + _mlp_backward(trace[p + "ln_1"], layer, d_resid2)
     d_resid1 = _norm_backward(trace[p + "resid_1"], block["ln_1"], cfg, d_ln1, grads, name + ".ln_1")
-    return d_resid1 + _attention_backward(trace[p + "in"], block, cfg, trace, p, d_resid1, grads, name, rope)
+    return d_resid1 + _attention_backward(trace[p + "in"], layer, d_resid1)
 
 
 def gpt_backward(trace: dict[str, np.ndarray], params: dict[str, np.ndarray], cfg: Any, targets: np.ndarray,
@@ -215,10 +233,21 @@ def gpt_backward(trace: dict[str, np.ndarray], params: dict[str, np.ndarray], cf
     return grads
 
 
-def adamw_step(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, step: int, *, lr: float,
-               beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-               weight_decay: float = 0.0) -> dict[str, np.ndarray]:
-    """One AdamW update of one parameter, step = 1, 2, ... (torch.optim.AdamW's order):
+@dataclass(frozen=True)
+class AdamW:
+    """AdamW's settings (torch.optim.AdamW's names and defaults, weight decay off)."""
+
+    lr: float
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+    weight_decay: float = 0.0
+
+
+def adamw_step(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, step: int,
+               hp: AdamW) -> dict[str, np.ndarray]:
+    """One AdamW update of one parameter, step = 1, 2, ... (torch.optim.AdamW's order), with
+    `hp`'s lr, beta1, beta2, eps and weight_decay:
 
         param <- param (1 - lr weight_decay)              decay, apart from the gradient
         m <- beta1 m + (1 - beta1) grad                   mean of the gradients
@@ -227,6 +256,7 @@ def adamw_step(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray
         param <- param - lr m_hat / (sqrt(v_hat) + eps)
 
     Returns every quantity under those names, plus `update` (new param - old param)."""
+    lr, beta1, beta2, eps, weight_decay = hp.lr, hp.beta1, hp.beta2, hp.eps, hp.weight_decay
     decayed = param * (1.0 - lr * weight_decay)
     m = beta1 * m + (1.0 - beta1) * grad
     v = beta2 * v + (1.0 - beta2) * grad * grad
