@@ -43,7 +43,8 @@ def save_run(setup: RunSetup, parts: TrainParts, model: GPT, state: TrainState, 
                 trainer_state=trainer_state, keep_last=cfg.keep_last or None,
             )
         except UserError as exc:  # a full disk: say what the stop keeps and what it loses
-            raise UserError(f"{exc}. {run_folder.kept_and_lost(setup.run_dir, state.last_good_ckpt, state.step)}") from None
+            kept_and_lost = run_folder.kept_and_lost(setup.run_dir, state.last_good_ckpt, state.step)
+            raise UserError(f"{exc}. {kept_and_lost}") from None
         log.record("checkpoint", step=state.step, path=str(path))
     if d.enabled:
         import torch.distributed as dist

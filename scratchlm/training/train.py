@@ -41,7 +41,8 @@ from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this
 from scratchlm.training.parts import TrainParts, build_model, make_parts
 from scratchlm.training.precision import autocast
 from scratchlm.training.progress import RunLog
-from scratchlm.training.resume import changed_settings, restore_run, resume_config, save_run  # noqa: F401 - resume_config: this module's API
+from scratchlm.training.resume import resume_config  # noqa: F401 - part of this module's API
+from scratchlm.training.resume import changed_settings, restore_run, save_run
 from scratchlm.training.run import StopRequest, TrainResult, finish
 from scratchlm.training.setup import RunSetup, set_up_run
 from scratchlm.training.state import TrainState
