@@ -14,13 +14,13 @@ import pytest
 import torch
 
 from scratchlm import kernels
-from scratchlm.model.config import GPTConfig
 from scratchlm.generation.decoding import Decoder, decoding_model, decoder_for
 from scratchlm.generation.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, KVCache
 
-from generation_helpers import bf16_reference as _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
+from helpers import bf16_reference as _bf16_reference  # the model on weights (and matmul inputs) rounded by hand
 
 
 KERNEL = kernels.cpu_kernels()
@@ -219,29 +219,36 @@ def test_every_matrix_row_is_computed_once_and_two_threads_share_them(kernel_var
 
 
 def test_the_scratch_is_allocated_once_per_copy_and_too_little_is_refused(kernel_variant):
-    """A step works in the scratch its decoding copy allocated once (grown only for more threads),
-    and decode_step.c refuses a scratch smaller than the size it asks for, writing nothing."""
+    """A step works in scratch its decoding copy allocated once: the same block at every token
+    (made again only for more threads), a block of its own for a step running beside another; and
+    decode_step.c refuses a scratch smaller than the size it asks for, writing nothing."""
     model = _model(3, **FUSED_VARIANTS["llama"])
     step = Decoder.build(model, "float32").step
+    seen = []  # (address, bytes) of the scratch each C call was given: its last two arguments
+    real = step._fn
+    step._fn = lambda *args: (seen.append(args[-2:]), real(*args))[1]
     torch.set_num_threads(1)  # the fixture puts it back
     cache = KVCache(model.config, 1)
     idx = torch.randint(0, model.config.vocab_size, (1, 4), generator=torch.Generator().manual_seed(3))
-    address, size = step._scratch_for(1)
     with torch.no_grad():
         for n in range(4):
             assert step(idx[:, n : n + 1], cache) is not None
-        assert step._scratch_for(1) == (address, size)  # the same memory at every token
+        assert len(seen) == 4 and len(set(seen)) == 1  # the same memory at every token
+        (address, size), = set(seen)
+        with step._scratch(1) as held:  # another caller's step is running: this one gets its own block
+            assert step(idx[:, :1], KVCache(model.config, 1)) is not None
+        assert held == (address, size) and seen[-1][0] != address
         torch.set_num_threads(2)
         assert step(idx[:, :1], KVCache(model.config, 1)) is not None
-    address, grown = step._scratch_for(2)
-    assert grown > size  # room for a second thread's part
+    assert seen[-1][1] > size  # room for a second thread's part
     library = kernel_variant.lib
     assert size == library.scratchlm_decode_scratch_bytes(ctypes.byref(step._model), 1)
     k_before, v_before = cache.k.clone(), cache.v.clone()
     logits = torch.full((1, model.config.vocab_size), 7.0)
+    scratch = torch.empty(size, dtype=torch.uint8)
     rc = library.scratchlm_decode_step(ctypes.byref(step._model), idx[:, :1].contiguous().data_ptr(), 1, 1,
                                        cache.length, cache.k.data_ptr(), cache.v.data_ptr(), logits.data_ptr(), 1,
-                                       address, size - 1)
+                                       scratch.data_ptr(), size - 1)
     assert rc == -1
     bits = lambda t: t.view(torch.int32)  # noqa: E731 - the cache's unused rows are uninitialised: maybe NaNs
     assert torch.equal(bits(cache.k), bits(k_before)) and torch.equal(bits(cache.v), bits(v_before))
@@ -291,6 +298,7 @@ def test_generation_uses_it_and_keeps_greedy_tokens(monkeypatch):
     """Greedy ids through generate_ids in bfloat16, with the step and without it (the module
     path), agree: same argmax at every step for a model whose choices are clear."""
     from scratchlm.generation import engine as gen
+
     model = _model(5, **FUSED_VARIANTS["gpt2"])
     idx = torch.tensor([[3, 1, 4]])
     ids_plain = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="bfloat16", use_cache=False)
@@ -411,6 +419,7 @@ def test_greedy_generation_crosses_the_context_in_chunks_and_keeps_the_plain_tok
     starts to slide (a re-prefill per step); the ids are those of the plain loop without a cache
     all the way. A step slower than the latency budget allows goes one per call."""
     from scratchlm.generation import engine as gen
+
     model = _model(13, **FUSED_VARIANTS["llama"])  # float32: clear choices, block_size 12
     idx = torch.tensor([[3, 1, 4]])
     plain = generate_ids(model, idx, max_new_tokens=30, greedy=True, use_cache=False, dtype="float32")

@@ -8,14 +8,16 @@ C code in ctypes structs that mirror decode_step.c's; it returns None, with the 
 layout). The struct holds raw addresses, so the object keeps a reference to every tensor it points
 at; the model must not replace them (in-place changes are fine). A conversion of the whole model
 (.double(), .to(device)) is noticed by `describes(model)`, and the step is then dropped. The step's
-working memory is allocated here once, with the copy (grown only if torch is given more threads
-later), so that a step allocates nothing.
+working memory is allocated once and reused at every token (a block per concurrent caller, made
+again only for more threads), so that a step allocates nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import threading
+from contextlib import contextmanager
+from typing import Iterator
 
 import torch
 import torch.nn as nn
@@ -28,7 +30,7 @@ ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu": 3}
 
 
 def _check(rc: int) -> None:
-    if rc != 0:  # -1: less scratch than the step needs, which _scratch_for never gives
+    if rc != 0:  # -1: less scratch than the step needs, which _scratch never gives
         raise RuntimeError(f"decode_step.c returned {rc}")
 
 
@@ -130,18 +132,27 @@ class FusedDecodeStep:
         self._cache_shape = (cfg.n_layer, None, cfg.n_head, cfg.block_size, cfg.head_dim)
         # the embedding's storage: .to(), .double() and the like give every parameter new storage
         self._anchor = t.wte.weight.data_ptr()
-        self._scratch = torch.empty(0, dtype=torch.uint8)
-        self._scratch_threads = 0
-        self._scratch_for(torch.get_num_threads())
-        self._busy = threading.Lock()  # one step at a time: the scratch is the copy's, not the call's
+        # The step's working memory (decode_step.c's Scratch): blocks allocated once and reused at
+        # every token. A call takes a free block big enough for its threads, or makes one, and gives
+        # it back: so steps of one copy from several threads (the playground's requests) still run
+        # side by side, each in a block of its own, and a lone generation reuses one block.
+        self._free: list[tuple[torch.Tensor, int]] = []  # (block, the threads it has room for)
+        self._pool = threading.Lock()  # guards the list only, never a step
 
-    def _scratch_for(self, threads: int) -> tuple[int, int]:
-        """(address, bytes) of the step's working memory for `threads` threads (decode_step.c's
-        Scratch): the copy's own, allocated again only for more threads than it has room for."""
-        if threads > self._scratch_threads:
-            self._scratch = torch.empty(self._scratch_bytes(ctypes.byref(self._model), threads), dtype=torch.uint8)
-            self._scratch_threads = threads
-        return self._scratch.data_ptr(), self._scratch.numel()
+    @contextmanager
+    def _scratch(self, threads: int) -> Iterator[tuple[int, int]]:
+        """(address, bytes) of a scratch block for `threads` threads, this call's alone until it
+        ends; blocks too small for `threads` are dropped from the pool rather than kept."""
+        with self._pool:
+            self._free = [b for b in self._free if b[1] >= threads]
+            block = self._free.pop() if self._free else None
+        if block is None:
+            block = (torch.empty(self._scratch_bytes(ctypes.byref(self._model), threads), dtype=torch.uint8), threads)
+        try:
+            yield block[0].data_ptr(), block[0].numel()
+        finally:
+            with self._pool:
+                self._free.append(block)
 
     def describes(self, model: nn.Module) -> bool:
         """Whether `model` still holds the tensors this step points at (a conversion such as
@@ -174,8 +185,7 @@ class FusedDecodeStep:
         ids = idx.contiguous()
         logits = torch.empty(B, self.config.vocab_size)
         threads = torch.get_num_threads()
-        with self._busy:
-            scratch = self._scratch_for(threads)
+        with self._scratch(threads) as scratch:
             for first in range(0, T, per_call):
                 piece = ids[:, first:first + per_call].contiguous()
                 n = piece.shape[1]
@@ -200,10 +210,9 @@ class FusedDecodeStep:
         logits = torch.empty(steps, B, self.config.vocab_size)
         out = torch.empty(steps, B, dtype=torch.long)
         threads = torch.get_num_threads()
-        with self._busy:
+        with self._scratch(threads) as scratch:
             rc = self._greedy(ctypes.byref(self._model), ids.data_ptr(), B, steps, cache.length, cache.k.data_ptr(),
-                              cache.v.data_ptr(), logits.data_ptr(), out.data_ptr(), threads,
-                              *self._scratch_for(threads))
+                              cache.v.data_ptr(), logits.data_ptr(), out.data_ptr(), threads, *scratch)
         if rc == -2:  # an id outside the vocabulary: the model's own path gives the error
             return None
         _check(rc)
