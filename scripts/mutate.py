@@ -80,7 +80,7 @@ HAND_MUTATIONS = [
      "return_logits=not cfg.fused_loss", "return_logits=False",
      ["tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses"]),
     ("generation without inference mode", "generation/engine.py",
-     "    @torch.inference_mode()\n    def iter_tokens(", "    def iter_tokens(",
+     "    @torch.inference_mode()\n    def _tokens(", "    def _tokens(",
      ["tests/test_generate.py::test_generation_restores_training_mode_and_needs_no_grad"]),
     ("gemv never splits its rows", "kernels/__init__.py",
      "return n_out * k >= GEMV_PARALLEL_MIN", "return False",

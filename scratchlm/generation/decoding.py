@@ -188,6 +188,7 @@ def auto_decoding_dtype(device: torch.device) -> torch.dtype:
     loop but the portable one: decoding is memory-bound there, and half the bytes is about twice
     the tokens) or whose matmuls are bfloat16-native; else float32."""
     from scratchlm.machine import cpu
+
     if device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float32
     if device.type != "cpu":

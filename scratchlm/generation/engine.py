@@ -59,7 +59,10 @@ class Engine:
     for text in and out; its eos_id and vocab_size are the defaults of `eos_id` (a continuation
     ends there) and `vocab` (only ids below it are chosen: a tokenizer smaller than the model's
     padded vocabulary has no text for the rest). dtype (e.g. "bfloat16", "auto") decodes with a
-    copy of the weights cast to it (see `decoding_model`); use_cache=False runs the plain loop."""
+    copy of the weights cast to it (see `decoding_model`); use_cache=False runs the plain loop.
+    The copy is built once per model and dtype by `decoder_for` and shared by every Engine on that
+    model (two engines on one model hold one copy, not two); it is built again only when the
+    model's weights change."""
 
     def __init__(self, model: GPT | Decoder, tokenizer=None, *, dtype: torch.dtype | str | None = None,
                  use_cache: bool = True, eos_id: int | None = None, vocab: int | None = None):
@@ -85,7 +88,6 @@ class Engine:
         device, dtype = decoder.device_dtype
         return KVCache(decoder.model.config, batch, device=device, dtype=dtype) if self.use_cache else None
 
-    @torch.inference_mode()
     def iter_tokens(self, idx: torch.Tensor, settings: GenerationSettings | None = None, *,
                     generator: torch.Generator | None = None,
                     **fields) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
@@ -109,9 +111,14 @@ class Engine:
             position instead of up to `block_size`.
         """
         settings = GenerationSettings.of(settings, **fields)
+        return self._tokens(self.decoder(settings.max_new_tokens), idx, settings, generator)
+
+    @torch.inference_mode()
+    def _tokens(self, decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings,
+                generator: torch.Generator | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """iter_tokens on the decoder the caller already chose (one lookup per generation)."""
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
-        decoder = self.decoder(settings.max_new_tokens)
         device, _ = decoder.device_dtype
         if generator is None and settings.seed is not None:
             generator = make_generator(settings.seed, device)
@@ -154,7 +161,7 @@ class Engine:
         steps = []
         eos_id = self.eos_id
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device) if eos_id is not None else None
-        for next_ids, _ in self.iter_tokens(idx, settings, generator=generator):
+        for next_ids, _ in self._tokens(decoder, idx, settings, generator):
             if done is not None:
                 next_ids = next_ids.masked_fill(done, eos_id)
                 done |= next_ids == eos_id
@@ -256,10 +263,11 @@ def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettin
     (the rows, the ids chosen (S,), the raw logits (S, V) they were chosen from) after every step,
     the step that ends the last row included, and once more, (rows, None, None), after they are
     all finished."""
-    device, _ = engine.decoder(settings.max_new_tokens).device_dtype
+    decoder = engine.decoder(settings.max_new_tokens)
+    device, _ = decoder.device_dtype
     rows = [TextRow(engine.tokenizer, engine.eos_id, settings.stop) for _ in range(settings.num_samples)]
     idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
-    tokens = engine.iter_tokens(idx, settings, generator=make_generator(settings.seed, device))
+    tokens = engine._tokens(decoder, idx, settings, make_generator(settings.seed, device))
     try:
         for next_ids, logits in tokens:
             for row, token in zip(rows, next_ids.tolist()):

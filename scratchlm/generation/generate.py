@@ -88,9 +88,9 @@ def iter_tokens(model: GPT | Decoder, idx: torch.Tensor, settings: GenerationSet
 
 
 def beam_search(model: GPT | Decoder, idx: torch.Tensor, settings: GenerationSettings | None = None, *,
-                eos_id: int | None = None, vocab: int | None = None, use_cache: bool = True,
+                eos_id: int | None = None, vocab: int | None = None, dtype: Dtype = None, use_cache: bool = True,
                 should_stop: Callable[[], bool] | None = None, **fields) -> list[tuple[list[int], float]]:
     """The settings.num_samples best of a beam search of width settings.beams from one prompt
     idx (T0,) or (1, T0), as (ids, logprob) pairs, best first (see Engine.beam_search)."""
-    engine = Engine(model, use_cache=use_cache, eos_id=eos_id, vocab=vocab)
+    engine = Engine(model, dtype=dtype, use_cache=use_cache, eos_id=eos_id, vocab=vocab)
     return engine.beam_search(idx, settings, should_stop=should_stop, **fields)
