@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from scratchlm.training import checkpoint as ck
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
+from scratchlm.training import checkpoint as ck
 
 TINY = dict(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -231,6 +231,22 @@ def test_a_config_json_written_before_the_saved_config_type_reads_and_writes_bac
     assert (saved.step, saved.train["lr"], saved.data_sources[0]["bytes"]) == (7, 0.001, 12)
     saved = ck.SavedConfig.read(tmp_path / "imported")
     assert (saved.step, saved.train, saved.extra) == (None, None, {"imported_from": "/models/gpt2"})
+
+
+@pytest.mark.parametrize("section, value, kind", [
+    ("data_sources", {}, "an object where a list"), ("train", ["lr"], "a list where an object"),
+    ("tokenizer", "char", "a string where an object"), ("step", "7", "a string where a number"),
+    ("step", True, "true or false where a number"),
+])
+def test_a_section_of_the_wrong_type_is_one_error_line_not_a_section_left_out(tmp_path, section, value, kind):
+    """A damaged config.json whose section has the wrong type stops the reader with the file and
+    the section named; dropping it would read as an older checkpoint without it, and a resume would
+    then skip the check that it trains on the same data."""
+    values = {"model": {"vocab_size": 37}, section: value}
+    (tmp_path / ck.CONFIG_FILE).write_text(json.dumps(values), encoding="utf-8")
+    with pytest.raises(UserError) as caught:
+        ck.SavedConfig.read(tmp_path)
+    assert str(caught.value) == f"{tmp_path / ck.CONFIG_FILE}: its {section!r} section is {kind} belongs; the file is damaged"
 
 
 def test_saving_over_a_folder_leaves_only_the_new_one(tmp_path):

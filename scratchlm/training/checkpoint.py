@@ -40,10 +40,10 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from scratchlm.model.config import GPTConfig
-from scratchlm.machine.memory import check_model_fits
 from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, atomic_write, staged_name, why_write_failed
+from scratchlm.machine.memory import check_model_fits
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
 WEIGHTS_FILE = "model.safetensors"
@@ -100,11 +100,10 @@ class SavedConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "SavedConfig":
-        """The sections of a parsed config.json; one that is not what the format says is absent."""
-        kinds = {"train": dict, "data": dict, "data_sources": list, "tokenizer": dict}
-        sections = {name: values[name] for name, kind in kinds.items() if isinstance(values.get(name), kind)}
+        """The sections of a parsed config.json (`read` has checked each one's type)."""
+        sections = {name: values[name] for name in _KINDS if values.get(name) is not None}
         extra = {k: v for k, v in values.items() if k != "model" and k not in _SECTIONS}
-        return cls(values["model"], **sections, step=values.get("step"), extra=extra)
+        return cls(values["model"], **sections, extra=extra)
 
     @classmethod
     def read(cls, ckpt_dir: Path | str) -> "SavedConfig":
@@ -122,6 +121,11 @@ class SavedConfig:
                             f"convert it first: scratchlm import-hf {path.parent} OUT_CKPT")
         if not isinstance(config, dict) or not isinstance(config.get("model"), dict):
             raise UserError(f"{path}: has no 'model' section with the model configuration")
+        for name, kind in _KINDS.items():
+            value = config.get(name)
+            if value is not None and not (isinstance(value, kind) and not isinstance(value, bool)):
+                raise UserError(f"{path}: its {name!r} section is {_json_kind(value)} where {_json_kind(kind())} "
+                                f"belongs; the file is damaged")
         return cls.from_dict(config)
 
     def model_config(self, ckpt_dir: Path | str) -> GPTConfig:
@@ -134,6 +138,15 @@ class SavedConfig:
 
 
 _SECTIONS = ("train", "data", "data_sources", "tokenizer", "step")
+_KINDS = {"train": dict, "data": dict, "data_sources": list, "tokenizer": dict, "step": int}  # what each must be
+
+
+def _json_kind(value: Any) -> str:
+    """What a parsed JSON value is, in JSON's words."""
+    if isinstance(value, bool):
+        return "true or false"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(
+        type(value), "null")
 
 
 # --------------------------------------------------------------------------------------------
