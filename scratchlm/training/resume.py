@@ -77,7 +77,7 @@ def restore_run(setup: RunSetup, parts: TrainParts) -> TrainState:
 
 def changed_settings(setup: RunSetup) -> dict[str, tuple[Any, Any]]:
     """The training settings a resume changes: {name: (saved value, value now)} (how progress is
-    shown, and where the run is, are not training settings). None for a new run."""
+    shown, and where the run is, are not training settings). Empty for a new run."""
     if setup.resume_ckpt is None:
         return {}
     then, now = ckpt_io.SavedConfig.read(setup.resume_ckpt).train or {}, setup.cfg.to_dict()

@@ -36,17 +36,18 @@ from scratchlm.machine.flops import device_peak
 from scratchlm.model.gpt import GPT
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist, all_mean, any_rank, setup_processes
+from scratchlm.training.ending import StopRequest, TrainResult, finish
 from scratchlm.training.evaluation import evaluate, evaluate_full, sample_text
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
 from scratchlm.training.parts import TrainParts, build_model, make_parts
 from scratchlm.training.precision import autocast
 from scratchlm.training.progress import RunLog
-from scratchlm.training.resume import resume_config  # noqa: F401 - part of this module's API
 from scratchlm.training.resume import changed_settings, restore_run, save_run
-from scratchlm.training.run import StopRequest, TrainResult, finish
+from scratchlm.training.resume import resume_config  # noqa: F401 - part of this module's API
 from scratchlm.training.setup import RunSetup, set_up_run
 from scratchlm.training.state import TrainState
-from scratchlm.training.train_config import (  # noqa: F401 - the config's names are also this module's API  # re-exported: torch-free, so the CLI parser can read them
+# the config's names are also this module's API (train_config is torch-free, so the CLI parser reads them there)
+from scratchlm.training.train_config import (  # noqa: F401
     DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
 )
 
