@@ -10,13 +10,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError
 from scratchlm.generation.decoding import DecodingLinear, decoder_for, decoding_model
 from scratchlm.generation.generate import generate, generate_ids, iter_tokens
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
-from generation_helpers import bf16_reference
+from helpers import bf16_reference
 
 TINY = dict(vocab_size=40, block_size=16, n_layer=2, n_head=2, n_embd=32)
 VARIANTS = [

@@ -13,7 +13,7 @@ from scratchlm.generation.engine import Engine
 from scratchlm.generation.sampling import SamplingOptions
 from scratchlm.generation.settings import GenerationSettings
 
-from generation_helpers import TINY, LettersTokenizer, letters_model, lively_model, plain_loop
+from helpers import TINY, LettersTokenizer, letters_model, lively_model, plain_loop
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
@@ -56,7 +56,7 @@ def test_stop_strings_are_kept_as_a_tuple_without_empty_ones_and_beams_bound_the
 
 def test_one_engine_serves_many_generations_with_their_own_settings():
     """The same Engine, greedy then sampled then greedy again without the cache: each result is
-    what the plain loop (written out in generation_helpers) or a fresh engine gives."""
+    what the plain loop (written out in helpers) or a fresh engine gives."""
     tok = LettersTokenizer(eos_id=10**6)  # an end token the model never emits
     model = letters_model()
     engine = Engine(model, tok)

@@ -16,7 +16,7 @@ from scratchlm.errors import UserError
 from scratchlm.generation.generate import beam_search, generate, generate_ids, iter_tokens, stream
 from scratchlm.model.gpt import GPT
 
-from generation_helpers import TINY, LettersTokenizer, letters_model, lively_model, plain_loop, tiny_model
+from helpers import TINY, LettersTokenizer, letters_model, lively_model, plain_loop, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 

@@ -11,7 +11,7 @@ from scratchlm.generation.generate import generate, stream
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
-from generation_helpers import plain_loop, tiny_model
+from helpers import plain_loop, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 

@@ -14,7 +14,7 @@ from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
 from conftest import shared_file
-from generation_helpers import ByteTokenizer, LettersTokenizer, letters_model, plain_loop, tiny_model
+from helpers import ByteTokenizer, LettersTokenizer, letters_model, plain_loop, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 

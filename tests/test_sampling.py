@@ -14,9 +14,9 @@ import torch
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.generation.generate import generate_ids, iter_tokens
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.generation.sampling import (
     SamplingOptions,
@@ -29,7 +29,7 @@ from scratchlm.generation.sampling import (
     top_p_filter,
 )
 
-from generation_helpers import TINY, plain_loop, tiny_model
+from helpers import TINY, plain_loop, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py
 
