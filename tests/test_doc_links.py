@@ -149,3 +149,11 @@ def test_the_code_map_and_the_stations_page_list_the_same_folders_as_the_package
     assert set(readme) == on_disk, f"README map {sorted(readme)} vs package {sorted(on_disk)}"
     assert _stations_folders(ROOT / "docs" / "stations.md") == readme  # same words, same folders
     assert set(_stations_folders(ROOT / "docs" / "zh" / "stations.md")) == on_disk
+
+
+def test_the_code_map_names_every_module_at_the_top_of_the_package():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    block = text[text.index("```\nscratchlm/\n"):]
+    named = set(re.findall(r"\b(\w+\.py)\b", block[:block.index("\n```")]))
+    on_disk = {p.name for p in (ROOT / "scratchlm").glob("*.py")} - {"__init__.py", "__main__.py"}
+    assert named == on_disk

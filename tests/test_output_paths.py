@@ -1,6 +1,6 @@
 """Where commands write, and what a failed write leaves (issue 30, items 1, 2 and 8).
 
-- One rule for output folders (scratchlm.training.outdir): `prepare` writes only into a new or empty folder
+- One rule for output folders (scratchlm.outdir): `prepare` writes only into a new or empty folder
   or its own earlier output, never over its input, one writer at a time; the refusals of every
   other command that writes are cases in test_cli_bad_input.py (their files hashed before and after).
 - Temporary names are short: a legal 250-character output name is written, not refused as "File
@@ -25,13 +25,13 @@ from pathlib import Path
 
 import pytest
 
-from scratchlm.training import checkpoint as ck
 from scratchlm import fileio
-from scratchlm.model.config import GPTConfig
 from scratchlm.data import DataConfig, prepare
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
-from scratchlm.training.runlock import RunLock
+from scratchlm.runlock import RunLock
+from scratchlm.training import checkpoint as ck
 from helpers import TINY_MODEL, train_tiny_run, tree_hashes, write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -56,7 +56,7 @@ def _one_error_line(proc_or_err) -> str:
 
 
 def test_a_second_prepare_into_a_folder_being_prepared_is_refused(tmp_path):
-    """While one prepare holds --out (its lock, as scratchlm.training.outdir takes it), a second is
+    """While one prepare holds --out (its lock, as scratchlm.outdir takes it), a second is
     refused with one line and does not say "prepared"; once the first ends, the next one runs."""
     text = write_text(tmp_path / "t.txt")
     out = tmp_path / "out"
@@ -116,7 +116,7 @@ def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_pa
     and its look at who holds it (it finds nobody): waiting, this one takes the lock and
     the finished output; it is not refused. The ending is made to land exactly there by ending
     the holder inside that look."""
-    import scratchlm.training.outdir as outdir
+    import scratchlm.outdir as outdir
     from scratchlm.data import ensure_prepared
     from scratchlm.data.preparation import cache_dir
 

@@ -1,4 +1,4 @@
-"""One writer per run folder (scratchlm.training.runlock), readers without a lock.
+"""One writer per run folder (scratchlm.runlock), readers without a lock.
 
 Real `python -m scratchlm train` processes: a second writer is refused with one line naming the
 first one's PID; a writer killed with SIGKILL leaves no lock that blocks the next one; and a
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from scratchlm.training.runlock import LOCK_FILE, RunLock, holder
 from scratchlm.errors import UserError
+from scratchlm.runlock import LOCK_FILE, RunLock, holder
 
 from helpers import train_tiny_run
 
@@ -54,7 +54,7 @@ def test_the_lock_is_exclusive_and_dies_with_its_holder(tmp_path):
     first.release()
     assert not run.exists() and not (tmp_path / "a").exists()  # nothing was written: the folders go too
     # a holder killed with SIGKILL: its lock file stays, unlocked
-    code = f"import os; from scratchlm.training.runlock import RunLock; RunLock({str(run)!r}).acquire(); os.kill(os.getpid(), 9)"
+    code = f"import os; from scratchlm.runlock import RunLock; RunLock({str(run)!r}).acquire(); os.kill(os.getpid(), 9)"
     subprocess.run([sys.executable, "-c", code], check=False)
     assert (run / LOCK_FILE).is_file() and holder(run) is None
     with RunLock(run):
@@ -184,7 +184,7 @@ def test_a_lock_file_removed_while_it_is_read_means_nobody_holds_the_folder(tmp_
     opens it after gets None (nobody trains there), not a FileNotFoundError traceback (the
     playground's Training tab, the run folder checks). The removal is made to land exactly
     between the two by removing the file inside the reader's open."""
-    import scratchlm.training.runlock as runlock
+    import scratchlm.runlock as runlock
 
     run = tmp_path / "run"
     run.mkdir()
@@ -207,7 +207,7 @@ def test_a_refusal_says_what_the_holder_does_in_the_holders_own_words(tmp_path):
     from scratchlm.training.run_folder import _check_fresh_run_dir
 
     run = tmp_path / "run"
-    code = (f"import sys; from scratchlm.training.runlock import RunLock; RunLock({str(run)!r}, doing='preparing data into "
+    code = (f"import sys; from scratchlm.runlock import RunLock; RunLock({str(run)!r}, doing='preparing data into "
             "this folder', flag='--out').acquire(); print('held', flush=True); sys.stdin.read()")
     other = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
@@ -229,7 +229,7 @@ def test_a_holder_that_did_not_say_what_it_does_is_named_neutrally(tmp_path):
     this folder", not a guess at what it does."""
     import fcntl
 
-    from scratchlm.training.runlock import holder_of
+    from scratchlm.runlock import holder_of
 
     run = tmp_path / "run"
     run.mkdir()

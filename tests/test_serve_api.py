@@ -136,7 +136,7 @@ def test_training_records_follow_a_growing_metrics_file(tmp_path, runs):
     only while a process holds the run's lock, and a file that shrank read from the start."""
     import shutil
 
-    from scratchlm.training.runlock import RunLock
+    from scratchlm.runlock import RunLock
     from scratchlm.serve.app import Limits, training_data
 
     run = tmp_path / "live"

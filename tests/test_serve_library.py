@@ -97,7 +97,7 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
     import shutil
 
     from scratchlm.training.checkpoint import latest_checkpoint
-    from scratchlm.training.runlock import RunLock
+    from scratchlm.runlock import RunLock
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary, describe
 

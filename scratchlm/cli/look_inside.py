@@ -330,7 +330,7 @@ def _run_attention(args) -> int:
 
     from scratchlm.training.checkpoint import load_model
     from scratchlm.inside.attention_maps import attention_figure, attention_weights, save_figure, token_labels
-    from scratchlm.training.outdir import check_not_input
+    from scratchlm.outdir import check_not_input
 
     check_output_file(args.out, ".png", "--out", args.force)
     if not 10 <= args.dpi <= 1000:
@@ -397,6 +397,7 @@ def add_doctor(sub) -> None:
 
 def _run_doctor(args) -> int:
     from scratchlm.machine import doctor
+
     facts = doctor.facts(measure=not args.no_measure)
     print(json.dumps(facts) if args.json else "\n".join(doctor.report(facts)))
     return 0

@@ -26,8 +26,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from scratchlm.fileio import atomic_write, cache_home, out_of_room, why_write_failed
 from scratchlm.errors import ConfigError, UserError, check_folder_path
+from scratchlm.fileio import atomic_write, cache_home, out_of_room, why_write_failed
 from scratchlm.text.text_files import without_bom
 
 from scratchlm.data.shards import FORMAT_VERSION, HEADER, MAGIC, read_meta, read_shard, shard_dtype
@@ -450,7 +450,7 @@ def _build(cfg: DataConfig, staging: Path, progress: bool | None) -> dict:
 
 
 PREPARE = "scratchlm prepare"
-"""The command named in the marker of a folder prepare wrote (scratchlm.training.outdir)."""
+"""The command named in the marker of a folder prepare wrote (scratchlm.outdir)."""
 OUTPUT_NAMES = ("train.bin", "val.bin", "meta.json", "tokenizer")
 STAGING_PREFIX = ".staging-"
 
@@ -462,7 +462,7 @@ def _is_own_name(name: str) -> bool:
 def prepare(cfg: DataConfig, out_dir: str | os.PathLike, *, progress: bool | None = None) -> Path:
     """Tokenize the configured text into out_dir (train.bin, val.bin, meta.json, tokenizer/).
 
-    out_dir must be new, empty, or a folder prepare wrote before (scratchlm.training.outdir: its marker,
+    out_dir must be new, empty, or a folder prepare wrote before (scratchlm.outdir: its marker,
     or a complete output from before markers), and hold none of the input; one prepare at a time
     writes it (its lock). Everything is built in a hidden staging folder inside out_dir first, so
     a failure (bad input, a full disk, an interrupt) leaves out_dir exactly as it was. Publishing
@@ -477,7 +477,7 @@ def _prepare_into(cfg: DataConfig, out_dir: Path, progress: bool | None, *, cach
     complete) instead of refusing; take a folder that holds only names prepare writes as a
     leftover of its own (an older version's, or a kill's) and build it again; and name
     --data_cache, train's flag for it, in the refusals."""
-    from scratchlm.training.outdir import claim_folder, mark
+    from scratchlm.outdir import claim_folder, mark
 
     flag = "--data_cache" if cache else "--out"
     if out_dir.exists() and not out_dir.is_dir():

@@ -358,7 +358,7 @@ def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limit
     the next poll), and whether the run is training now. A line no poll can hold (longer than
     limits.metrics_bytes) or that is not JSON is skipped and named in "skipped"; a poll whose
     `since` falls inside a line (the rest of a long one) starts at the next line."""
-    from scratchlm.training.runlock import holder
+    from scratchlm.runlock import holder
 
     records: list[dict] = []
     skipped: list[dict[str, Any]] = []

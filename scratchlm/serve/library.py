@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ class Loaded:
     info: dict[str, Any]
     labels: Any = None  # labels.Labels: each token's label as a JSON literal, made once
     stamp: tuple = ()  # the checkpoint files' (path, size, mtime) when loaded: _fingerprint
-    engine: Any = None  # generation.engine.Engine: the model and tokenizer ready to generate, made once
+    engine: Any = field(init=False, default=None)  # generation.engine.Engine: the model and tokenizer ready to generate, made once
 
     def __post_init__(self):
         from scratchlm.generation.engine import Engine
@@ -211,7 +211,7 @@ def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
     """What the model picker shows of a run, read from its files without loading the model;
     `check(path)` is called on the config file first (RunLibrary.check_inside)."""
     from scratchlm.training.checkpoint import SavedConfig, latest_checkpoint
-    from scratchlm.training.runlock import holder
+    from scratchlm.runlock import holder
 
     ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
     out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,

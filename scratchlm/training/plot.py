@@ -7,7 +7,7 @@ from pathlib import Path
 
 from scratchlm.errors import UserError, check_output_file
 from scratchlm.fileio import atomic_write
-from scratchlm.training.outdir import check_not_input
+from scratchlm.outdir import check_not_input
 
 
 def read_metrics(run_dir: Path | str) -> list[dict]:

@@ -1,6 +1,6 @@
 """A training run's folder: a new one (checked, so nothing a user made is replaced), a resumed
 one (its latest checkpoint, and steps left to train), or one a run killed while it started left
-behind; locked for one writer (scratchlm.training.runlock) before anything is written."""
+behind; locked for one writer (scratchlm.runlock) before anything is written."""
 
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import torch
 
-from scratchlm.training import checkpoint as ckpt_io
-from scratchlm.training.distributed import Dist, any_rank
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, cut_torn_tail, why_write_failed
-from scratchlm.training.runlock import LOCK_FILE, RunLock, holder, holder_of
+from scratchlm.runlock import LOCK_FILE, RunLock, holder, holder_of
+from scratchlm.training import checkpoint as ckpt_io
+from scratchlm.training.distributed import Dist, any_rank
 from scratchlm.training.train_config import TrainConfig
 
 METRICS_FILE = "metrics.jsonl"
@@ -24,7 +24,7 @@ METRICS_FILE = "metrics.jsonl"
 
 
 def take_run_folder(cfg: TrainConfig, d: Dist, device: torch.device) -> tuple[Path, Path | None, RunLock | None]:
-    """The run's folder, locked by the main process (scratchlm.training.runlock), and, when resuming, the
+    """The run's folder, locked by the main process (scratchlm.runlock), and, when resuming, the
     checkpoint to resume from (checked): read after the lock is taken, so no other writer can
     move `latest` under us."""
     run_dir = Path(cfg.resume) if cfg.resume else (Path(cfg.out_dir) if cfg.out_dir else _default_run_dir(cfg))

@@ -27,11 +27,11 @@ import torch
 
 from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
+from scratchlm.runlock import RunLock
 from scratchlm.training import checkpoint as ckpt_io
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist
 from scratchlm.training.precision import choose_dtype
-from scratchlm.training.runlock import RunLock
 from scratchlm.training.sources import Source
 from scratchlm.training.train_config import TrainConfig
 

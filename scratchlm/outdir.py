@@ -8,7 +8,7 @@ written, so nothing a user made is ever replaced.
 A command that publishes a folder leaves a marker in it, MARKER, whose one line names the command
 (`scratchlm prepare`): that is how a later run of the same command knows the folder is its own,
 even when the names inside look like anyone's (a user's own `meta.json` or `train.bin`). The lock
-is the run folders' (scratchlm.training.runlock, a flock on FOLDER/.lock).
+is the run folders' (scratchlm.runlock, a flock on FOLDER/.lock).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from scratchlm.errors import UserError
 from scratchlm.fileio import ATOMIC_SUFFIX, atomic_prefix, atomic_write
-from scratchlm.training.runlock import LOCK_FILE, FolderBusy, RunLock, holder_of
+from scratchlm.runlock import LOCK_FILE, FolderBusy, RunLock, holder_of
 
 MARKER = ".scratchlm-output"
 """The marker file: `scratchlm <command>` and a newline."""
