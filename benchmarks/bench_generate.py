@@ -26,9 +26,9 @@ import time
 
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.generation.engine import Engine
 from scratchlm.generation.settings import GenerationSettings
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
 PROMPT_LEN = 16

@@ -147,6 +147,7 @@ def run(presets: tuple[str, ...] = PRESETS, repeats: int = 3, data: Path = DATA,
 
     from benchmarks import peer_classic
     from scratchlm.machine import cpu
+
     threads = threads or torch.get_num_threads()
     torch.set_num_threads(threads)
     result: dict[str, Any] = {"data": str(data), "goal_loss": GOAL_LOSS, "threads": threads,

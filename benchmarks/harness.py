@@ -68,6 +68,7 @@ def machine() -> dict[str, Any]:
     except ImportError:
         hf = None
     from scratchlm.machine import doctor
+
     return {
         "doctor": doctor.facts(measure=True),  # what `scratchlm doctor` prints: flags, bf16, kernels, probes
         "host": socket.gethostname(), "cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),

@@ -82,7 +82,7 @@ def test_adamw_steps_equal_torch(weight_decay, fused):
         for name, p in model.named_parameters():
             decay = weight_decay if p.dim() >= 2 else 0.0
             out = back.adamw_step(ours[name], grads[name], *moments[name], step,
-                                  back.AdamW(lr=0.05, beta1=0.8, beta2=0.95, eps=opt.param_groups[0]["eps"],
+                                  back.AdamWSettings(lr=0.05, beta1=0.8, beta2=0.95, eps=opt.param_groups[0]["eps"],
                                              weight_decay=decay))
             ours[name], moments[name] = out["param"], (out["m"], out["v"])
             np.testing.assert_allclose(out["param"], p.detach().numpy(), rtol=0, atol=1e-12, err_msg=name)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.generation.generate import beam_search
-from scratchlm.model.gpt import GPT
 from scratchlm.generation.text_rows import TextRow
+from scratchlm.model.config import GPTConfig
+from scratchlm.model.gpt import GPT
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError, UserError
+from scratchlm.model.config import GPTConfig
 
 SIZE_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_embd", "n_inner")
 

@@ -13,6 +13,7 @@ import pytest
 import torch.distributed as dist
 
 from scratchlm.training import checkpoint as ck
+
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="this torch has no gloo backend"),

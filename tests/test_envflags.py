@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
-from scratchlm.machine import cpu
 from scratchlm.envflags import SWITCHES, env_switch
 from scratchlm.errors import UserError
+from scratchlm.machine import cpu
 
 # written out by hand, not taken from envflags' own lists
 READINGS = {"1": True, "true": True, "TRUE": True, "yes": True, "On": True, " 1 ": True,

@@ -110,6 +110,7 @@ TINY = dict(vocab_size=61, block_size=16, n_layer=1, n_head=2, n_embd=16)
 ])
 def test_model_loss_only_matches_logits_path(preset, extra, monkeypatch):
     from scratchlm.model import gpt as model_module
+
     monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", 0)  # the fused path at this tiny size
     calls = []
     fused_fn = model_module.linear_cross_entropy
@@ -135,6 +136,7 @@ def test_the_fused_path_is_taken_from_the_threshold_on(threshold, fused, monkeyp
     """return_logits=False takes the chunked path from FUSED_LOSS_MIN_SCORES scores (rows x V) on
     and the plain one below; both give the loss of the logits' cross-entropy."""
     from scratchlm.model import gpt as model_module
+
     monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", threshold)
     calls = []
     fused_fn = model_module.linear_cross_entropy
@@ -175,6 +177,7 @@ def test_training_with_and_without_fused_loss_gives_the_same_losses(tmp_path, mo
     (tmp_path / "text.txt").write_text("\n".join(" ".join(words[i:] + words[:i]) for i in range(60)) + "\n")
     threads = torch.get_num_threads()
     from scratchlm.model import gpt as model_module
+
     calls = {True: 0, False: 0}
     current = [None]
     fused_fn = model_module.linear_cross_entropy

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.data import DTYPES, HEADER, MAGIC, read_shard, write_shard
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 from scratchlm.text.tokenizer import BPETokenizer, CharTokenizer, GPT2Tokenizer
 from scratchlm.training.train_config import TrainConfig, cli_fields
 

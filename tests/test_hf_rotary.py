@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
 from scratchlm.generation.generate import generate_ids
 from scratchlm.hf.hf_rotary import architecture
 from scratchlm.hf.interop import export_hf
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
 transformers = pytest.importorskip("transformers")

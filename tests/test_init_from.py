@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.training.checkpoint import load_model
 from scratchlm.errors import UserError
+from scratchlm.training.checkpoint import load_model
 from scratchlm.training.scoring import score_ids
 from scratchlm.training.train import TrainConfig, train
 

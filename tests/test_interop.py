@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 from scratchlm.hf.interop import (
     export_hf,
     gpt_config_from_hf,

@@ -16,10 +16,10 @@ import pytest
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
+from scratchlm.cli.main import main
 from scratchlm.inside import attention_maps as amaps
 from scratchlm.inside import introspect as ins
 from scratchlm.inside import walkthrough as walk
-from scratchlm.cli.main import main
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 

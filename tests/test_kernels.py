@@ -54,6 +54,7 @@ def test_each_variant_builds_the_loop_it_names(kernel_variant):
     """Which loop of bf16_dot.h each variant compiles, and how it rounds: the fixed x86 levels by
     their instruction sets; "native" by what this CPU has (AVX512-BF16 unless switched off)."""
     from scratchlm.machine import cpu
+
     expected = {"x86-64-v4": "avx512f", "x86-64-v3": "avx2", "x86-64-v2": "portable", "scalar": "portable"}
     if kernel_variant.variant == "native":
         if cpu.native_bf16() and cpu.is_x86():
@@ -195,6 +196,7 @@ def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):
     """Running a library built for instructions the CPU lacks would crash the process (SIGILL):
     such a variant is refused before the compiler is called."""
     from scratchlm.machine import cpu
+
     monkeypatch.delenv("SCRATCHLM_NO_KERNELS", raising=False)
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"sse4_2", "ssse3", "popcnt", "cx16"}))
     monkeypatch.setattr(cpu, "is_x86", lambda: True)

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from scratchlm.cli import main as cli
-from scratchlm.machine import memory
-from scratchlm.model.config import GPTConfig
 from scratchlm.inside.introspect import memory_estimate
+from scratchlm.machine import memory
 from scratchlm.machine.memory import Workload, footprint
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, KVCache
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -156,6 +156,7 @@ def test_attention_maps_refuse_a_prompt_whose_maps_do_not_fit(base, tmp_path, mo
     """Every layer's (T, T) weights for a 15-token prompt (about 20 KB here) against 8 KB free; 3
     tokens (about 3 KB) fit. The model's own load is checked elsewhere (load_model), off here."""
     from scratchlm.training import checkpoint
+
     monkeypatch.setattr(checkpoint, "check_model_fits", lambda *args, **kwargs: None)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 8_000)
     argv = ["attention", "--checkpoint", str(base / "run"), "--out"]

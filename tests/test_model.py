@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn as nn
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.inside.introspect import shape_trace
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, KVCache
 
 POSITIONS = ("learned", "sinusoidal", "rope", "none")

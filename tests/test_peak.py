@@ -11,8 +11,8 @@ import sys
 import pytest
 import torch
 
-from scratchlm.machine import cpu
 from scratchlm.errors import UserError
+from scratchlm.machine import cpu
 from scratchlm.machine.flops import device_peak
 
 AVX512_BF16 = frozenset({"sse", "avx", "fma", "avx2", "avx512f", "avx512_bf16"})

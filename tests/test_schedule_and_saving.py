@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.training import checkpoint as ck
 from scratchlm.errors import UserError
+from scratchlm.training import checkpoint as ck
 from scratchlm.training.train import TrainConfig, learning_rate, resume_config, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
-from scratchlm.training.scoring import score_ids, score_text, windows
 from scratchlm.text.tokenizer import CharTokenizer
+from scratchlm.training.scoring import score_ids, score_text, windows
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.training import checkpoint as ck
 from scratchlm.cli.main import main as cli_main
 from scratchlm.errors import UserError
 from scratchlm.model.gpt import GPT
+from scratchlm.training import checkpoint as ck
 from scratchlm.training.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
 
 TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
@@ -184,6 +184,7 @@ def test_bfloat16_autocast_and_activation_checkpointing_train_on_cpu(tmp_path, m
     autocast moves the losses off float32's, within a bound; checkpointing runs every block's
     forward a second time in the backward pass (counted)."""
     from scratchlm.model import gpt as model_module
+
     calls = []
     forward = model_module.Block.forward
 

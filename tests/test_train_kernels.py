@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm import kernels
-from scratchlm.model.config import GPTConfig
 from scratchlm.kernels import train_ops
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, KVCache, rope_tables
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.py

@@ -14,8 +14,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.training import checkpoint as ck
 from scratchlm.data import BatchStream, read_shard
+from scratchlm.training import checkpoint as ck
 from scratchlm.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

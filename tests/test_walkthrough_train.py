@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm.cli.main import main
-from scratchlm.model.config import GPTConfig
 from scratchlm.inside.walkthrough import walkthrough_model
 from scratchlm.inside.walkthrough_train import default_targets, format_training, training_size, training_walk
+from scratchlm.model.config import GPTConfig
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import numpy as np
 
-from scratchlm.fileio import atomic_write
 from scratchlm.errors import ConfigError, UserError
+from scratchlm.fileio import atomic_write
 
 FORMAT_VERSION = 1
 MAGIC = b"SLMTOKEN"

@@ -29,8 +29,8 @@ from typing import Any
 
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
+from scratchlm.model.config import GPTConfig
 
 NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 

@@ -31,12 +31,12 @@ from typing import Any, Callable, Mapping
 
 import torch
 
-from scratchlm.training.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.machine.flops import count_params
 from scratchlm.machine.memory import check_fits, footprint
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
+from scratchlm.training.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -283,6 +283,7 @@ def import_hf_dir(path: Path | str) -> GPT:
         hint = " (it looks like a scratchlm checkpoint, which needs no import)" if isinstance(hf_config, dict) and "model" in hf_config else ""
         raise UserError(f"model_type: {config_path} names none, so it is not a Hugging Face model config{hint}")
     from scratchlm.hf import hf_rotary
+
     kind = hf_config["model_type"]
     if kind in hf_rotary.IMPORTABLE:
         config = hf_rotary.config_from_hf(hf_config)
@@ -456,6 +457,7 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
                f"{count_params(model.config)['total']:,} parameters", "the memory other programs hold (or export on "
                "a machine with more)")
     from scratchlm.hf import hf_rotary
+
     bos_id = getattr(tokenizer, "bos_id", None)
     eos_id = getattr(tokenizer, "eos_id", None)
     arch = hf_rotary.architecture(model.config)

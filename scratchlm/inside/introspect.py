@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.machine.flops import count_params, flops_per_token, si_units
+from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, eval_mode
 
 # --------------------------------------------------------------------------------------------

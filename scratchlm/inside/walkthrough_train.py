@@ -21,8 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from scratchlm.model.gpt import GPT
 from scratchlm.inside.walkthrough import WalkStep, compare, for_display
+from scratchlm.model.gpt import GPT
 
 WALK_LR = 0.01
 """The walkthrough's AdamW learning rate: Adam's first step moves each weight by about lr (it is
@@ -124,7 +124,7 @@ def _compare_adamw(walk: TrainingWalk, named: dict, before: dict, grads: dict, o
         # magnifies its last bits by 1/eps, so the two gradients' 1e-18 differences would show
         zeros = np.zeros_like(before[name])
         out = back.adamw_step(before[name], grads[name], zeros, zeros, 1,
-                              back.AdamW(lr=lr, beta1=beta1, beta2=beta2, eps=walk.eps, weight_decay=decay))
+                              back.AdamWSettings(lr=lr, beta1=beta1, beta2=beta2, eps=walk.eps, weight_decay=decay))
         state = optimizer.state[p]
         for key, theirs in (("m", state["exp_avg"]), ("v", state["exp_avg_sq"]), ("param", p)):
             walk.steps.append(compare(f"adamw {key} {name}", "", theirs, out[key]))

@@ -55,9 +55,9 @@ from pathlib import Path
 
 import torch
 
-from scratchlm.machine import cpu
 from scratchlm.envflags import env_switch
 from scratchlm.fileio import atomic_write, cache_home
+from scratchlm.machine import cpu
 
 SOURCE = Path(__file__).with_name("gemv_bf16.c")
 SOURCES = [SOURCE, *(Path(__file__).with_name(name) for name in

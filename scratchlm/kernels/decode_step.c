@@ -318,7 +318,7 @@ int scratchlm_decode_step_counted(const StepModel *md, const int64_t *ids, int64
 }
 
 /* The index of the largest of n scores: the first of equal maxima, or the first NaN if there is
- * one (as NumPy's argmax, which scratchlm.generation.generate.greedy_ids uses). */
+ * one (as NumPy's argmax, which scratchlm.generation.sampling.greedy_ids uses). */
 static int64_t argmax_scores(const float *v, int64_t n)
 {
     float top = v[0];

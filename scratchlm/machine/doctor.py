@@ -17,7 +17,9 @@ from typing import Any
 
 import torch
 
-from scratchlm.machine import cpu  # the flags that change a code path here, in the order they matter
+from scratchlm.machine import cpu
+
+# the flags that change a code path here, in the order they matter
 _FLAGS = ["avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma",
           "sse4_2", "asimd", "bf16", "sve", "i8mm"]
 _CJK_SAMPLE = "中文注意力"

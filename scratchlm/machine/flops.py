@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.machine.cpu import peak_flops_bound
+from scratchlm.model.config import GPTConfig
 
 
 def count_params(cfg: GPTConfig) -> dict[str, int]:

@@ -29,9 +29,9 @@ from pathlib import Path
 
 import torch
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import UserError
 from scratchlm.machine.flops import count_params
+from scratchlm.model.config import GPTConfig
 
 TRAINING_BYTES_PER_PARAM = 16
 """float32 weights, their gradients and AdamW's two moments: 4 + 4 + 8 bytes."""

@@ -24,9 +24,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
+from scratchlm.kernels import train_ops
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.fused_loss import linear_cross_entropy
-from scratchlm.kernels import train_ops
 
 # The chunked head + loss pays where the (rows, V) scores are large. Below about a million scores
 # per forward (4 MiB of float32: the character vocabulary of English text at the baby shape) the

@@ -38,7 +38,7 @@ __all__ = [
     "activation_backward",
     "softmax_backward",
     "rope_backward",
-    "AdamW",
+    "AdamWSettings",
     "adamw_step",
 ]
 
@@ -234,7 +234,7 @@ def gpt_backward(trace: dict[str, np.ndarray], params: dict[str, np.ndarray], cf
 
 
 @dataclass(frozen=True)
-class AdamW:
+class AdamWSettings:
     """AdamW's settings (torch.optim.AdamW's names and defaults, weight decay off)."""
 
     lr: float
@@ -245,7 +245,7 @@ class AdamW:
 
 
 def adamw_step(param: np.ndarray, grad: np.ndarray, m: np.ndarray, v: np.ndarray, step: int,
-               hp: AdamW) -> dict[str, np.ndarray]:
+               hp: AdamWSettings) -> dict[str, np.ndarray]:
     """One AdamW update of one parameter, step = 1, 2, ... (torch.optim.AdamW's order), with
     `hp`'s lr, beta1, beta2, eps and weight_decay:
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from scratchlm.model.gpt import GPT, eval_mode
 from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import Dist, all_mean
-from scratchlm.model.gpt import GPT, eval_mode
 from scratchlm.training.precision import autocast
 from scratchlm.training.train_config import TrainConfig
 

@@ -11,8 +11,8 @@ import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any
 
-from scratchlm.model.config import GPTConfig
 from scratchlm.errors import ConfigError, UserError
+from scratchlm.model.config import GPTConfig
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
