@@ -59,10 +59,8 @@ class Engine:
     for text in and out; its eos_id and vocab_size are the defaults of `eos_id` (a continuation
     ends there) and `vocab` (only ids below it are chosen: a tokenizer smaller than the model's
     padded vocabulary has no text for the rest). dtype (e.g. "bfloat16", "auto") decodes with a
-    copy of the weights cast to it (see `decoding_model`); use_cache=False runs the plain loop.
-    The copy is built once per model and dtype by `decoder_for` and shared by every Engine on that
-    model (two engines on one model hold one copy, not two); it is built again only when the
-    model's weights change."""
+    copy of the weights cast to it (see `decoding_model`; one copy per model and dtype, shared by
+    every Engine on the model); use_cache=False runs the plain loop."""
 
     def __init__(self, model: GPT | Decoder, tokenizer=None, *, dtype: torch.dtype | str | None = None,
                  use_cache: bool = True, eos_id: int | None = None, vocab: int | None = None):
@@ -72,13 +70,13 @@ class Engine:
         self.use_cache = use_cache
         self.eos_id = getattr(tokenizer, "eos_id", None) if eos_id is None else eos_id
         self.vocab = getattr(tokenizer, "vocab_size", None) if vocab is None else vocab
-        self.config = (model.model if isinstance(model, Decoder) else model).config
+        self.gpt = model.model if isinstance(model, Decoder) else model  # the GPT itself
+        self.config = self.gpt.config
 
     @property
     def device(self) -> torch.device:
         """Where the model's weights are."""
-        model = self.model.model if isinstance(self.model, Decoder) else self.model
-        return next(model.parameters()).device
+        return next(self.gpt.parameters()).device
 
     def decoder(self, steps: int) -> Decoder:
         """What `steps` steps run on: the model itself, or its decoding copy (see decoder_for)."""
@@ -250,10 +248,8 @@ class Engine:
         return TokenSteps(steps, prompt_ids, cropped)
 
     def stream(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> Iterator[str]:
-        """Like `generate` for one sample, but yield the text in pieces as soon as they are
-        printable. The pieces join to exactly `generate(...).text` with the same settings. A
-        multi-byte character split across tokens is held back until complete, and a tail that
-        might begin a stop string until it is clear whether it does."""
+        """`generate`'s text for one sample, in pieces as soon as they are printable (joined, exactly
+        that text); a character split across tokens, or a tail that may start a stop string, waits."""
         steps = self.stream_tokens(prompt, settings, **fields)
         return (step.text for step in steps if step.text)
 
