@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -20,6 +19,8 @@ from scratchlm.model.gpt import GPT
 from scratchlm.training import checkpoint as ck
 from scratchlm.training.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
 
+from helpers import write_text
+
 TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 
 
@@ -30,14 +31,6 @@ def _private_cache(tmp_path_factory, monkeypatch):
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)  # train(threads=1) must not slow down the tests that follow
-
-
-def write_text(path: Path, n_lines: int = 200, seed: int = 0) -> Path:
-    rng = random.Random(seed)
-    words = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))).capitalize() + "." for _ in range(n_lines)]
-    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return path
 
 
 def tiny_config(tmp_path: Path, data: Path, **overrides) -> TrainConfig:
