@@ -90,7 +90,7 @@ class SavedConfig:
     def to_dict(self) -> dict[str, Any]:
         """config.json's object: the sections that are set, in the order of the format."""
         values = {"model": self.model, **self.extra}
-        for name in _SECTIONS:
+        for name in _KINDS:
             if getattr(self, name) is not None:
                 values[name] = getattr(self, name)
         return values
@@ -102,7 +102,7 @@ class SavedConfig:
     def from_dict(cls, values: dict[str, Any]) -> "SavedConfig":
         """The sections of a parsed config.json (`read` has checked each one's type)."""
         sections = {name: values[name] for name in _KINDS if values.get(name) is not None}
-        extra = {k: v for k, v in values.items() if k != "model" and k not in _SECTIONS}
+        extra = {k: v for k, v in values.items() if k != "model" and k not in _KINDS}
         return cls(values["model"], **sections, extra=extra)
 
     @classmethod
@@ -137,8 +137,8 @@ class SavedConfig:
             raise UserError(f"{Path(ckpt_dir) / CONFIG_FILE}: bad model config ({exc})") from exc
 
 
-_SECTIONS = ("train", "data", "data_sources", "tokenizer", "step")
-_KINDS = {"train": dict, "data": dict, "data_sources": list, "tokenizer": dict, "step": int}  # what each must be
+# the sections after "model", in the order they are written, and what each must be
+_KINDS = {"train": dict, "data": dict, "data_sources": list, "tokenizer": dict, "step": int}
 
 
 def _json_kind(value: Any) -> str:
