@@ -159,16 +159,19 @@ def _add_prepare(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the documents split (default: 0)")
     p.add_argument("--block-size", type=int, default=None, help="check that each split holds a window of this many + 1 tokens")
     p.add_argument("--char-unk", action="store_true", help="char: add an <unk> id for characters the text lacks")
+    p.add_argument("--workers", type=int, default=None, help="threads that encode (default: one per core)")
+    p.add_argument("--shard-tokens", type=int, default=None, help="token ids per shard file (default: 100,000,000)")
     p.set_defaults(run=_run_prepare)
 
 
 def _run_prepare(args) -> int:
     from scratchlm.data import DataConfig, cache_dir, prepare, read_meta
+    from scratchlm.data.config import MAX_PIECE_CHARS
 
     cfg = DataConfig(data=args.data, tokenizer=args.tokenizer, vocab_size=args.vocab_size,
                      tokenizer_file=args.tokenizer_file, val_fraction=args.val_fraction, split=args.split,
                      seed=args.seed, errors=args.errors, char_unk=args.char_unk, block_size=args.block_size)
-    out = prepare(cfg, args.out if args.out else cache_dir(cfg))
+    out = prepare(cfg, args.out if args.out else cache_dir(cfg), workers=args.workers, shard_tokens=args.shard_tokens)
     m = read_meta(out)
     sec = m["seconds"]
     mb = m["input_bytes"] / 1e6
@@ -177,8 +180,13 @@ def _run_prepare(args) -> int:
     print(f"  input       {len(m['sources'])} file(s), {m['documents']:,} documents, {mb:.2f} MB of text")
     print(f"  train       {m['train_tokens']:,} tokens, {m['train_documents']:,} documents, {m['train_bytes']:,} bytes")
     print(f"  val         {m['val_tokens']:,} tokens, {m['val_documents']:,} documents, {m['val_bytes']:,} bytes ({m['split']} split)")
+    print(f"  shards      {len(m['shards']['train'])} train + {len(m['shards']['val'])} val, up to {m['shard_tokens']:,} ids each; "
+          + (f"tokenizer trained on {m['tokenizer_trained_on']}" if m["tokenizer_trained_on"] else "tokenizer loaded"))
+    if m["forced_cuts"]:
+        print(f"  warning     {m['forced_cuts']} piece(s) had no safe place to cut within {MAX_PIECE_CHARS:,} characters and were "
+              "cut there anyway: the ids at those cuts may differ from encoding the document whole")
     print(f"  time        tokenizer {sec['tokenizer']:.2f} s, encoding {sec['encode']:.2f} s "
-          f"({mb / max(sec['encode'], 1e-9):.1f} MB/s), total {sec['total']:.2f} s ({mb / max(sec['total'], 1e-9):.1f} MB/s)")
+          f"({mb / max(sec['encode'], 1e-9):.1f} MB/s on {m['workers']} thread(s)), total {sec['total']:.2f} s ({mb / max(sec['total'], 1e-9):.1f} MB/s)")
     return 0
 
 

@@ -5,6 +5,8 @@ A shard is a fixed 24-byte header then the ids, little-endian:
     magic b"SLMTOKEN" | version uint32 (1) | bytes per id uint32 (2 or 4) | token count uint64
 
 read_shard() checks the header against the file size and returns a numpy memmap of the ids.
+A prepared folder splits its stream into train and val shards, listed in its meta.json;
+read_split() gives one split's ids as one array (ShardedTokens when it spans several files).
 BatchStream cuts (B, T+1) rows out of such an array: inputs are row[:, :-1], targets row[:, 1:].
 """
 from __future__ import annotations
@@ -94,6 +96,82 @@ def read_meta(directory: str | os.PathLike) -> dict:
         raise UserError(f"{directory}: not a prepared data directory (no meta.json); run `scratchlm prepare`") from None
     except ValueError as exc:
         raise UserError(f"{path}: not valid JSON ({exc})") from None
+
+
+def split_files(directory: str | os.PathLike, split: str, meta: dict | None = None) -> list[tuple[Path, int]]:
+    """(shard path, ids it should hold) for one split ("train" or "val") of a prepared folder, in
+    order; a folder from before shards holds one file per split, train.bin and val.bin."""
+    directory = Path(directory)
+    meta = read_meta(directory) if meta is None else meta
+    if "shards" not in meta:
+        return [(directory / f"{split}.bin", int(meta[f"{split}_tokens"]))]
+    return [(directory / s["file"], int(s["tokens"])) for s in meta["shards"][split]]
+
+
+def read_split(directory: str | os.PathLike, split: str, meta: dict | None = None):
+    """The ids of one split of a prepared folder: a memmap when it is one shard, else a
+    ShardedTokens over all of them. Each shard must hold what meta.json says."""
+    arrays = []
+    for path, count in split_files(directory, split, meta):
+        ids = read_shard(path)
+        if len(ids) != count:
+            raise UserError(f"{path}: holds {len(ids)} ids, but meta.json says {count}; prepare the data again")
+        arrays.append(ids)
+    if len(arrays) == 1:
+        return arrays[0]
+    return ShardedTokens(arrays)
+
+
+class ShardedTokens:
+    """Several shards read as one 1-D array of ids, without loading them: len(), an index, a
+    slice, or an integer array of positions (what BatchStream and evaluation take) all work
+    across the shard boundaries."""
+
+    ndim = 1
+
+    def __init__(self, shards: Sequence[np.ndarray]):
+        if not shards:
+            raise ValueError("ShardedTokens needs at least one shard")
+        self.shards = list(shards)
+        self.dtype = np.result_type(*[s.dtype for s in self.shards])
+        self.ends = np.cumsum([len(s) for s in self.shards]).astype(np.int64)
+        self.starts = self.ends - [len(s) for s in self.shards]
+
+    def __len__(self) -> int:
+        return int(self.ends[-1])
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self),)
+
+    def __getitem__(self, index):
+        if isinstance(index, slice):
+            return self[np.arange(len(self))[index]] if index.step not in (None, 1) else self._range(*index.indices(len(self))[:2])
+        positions = np.asarray(index)
+        if positions.dtype.kind not in "iu":
+            raise TypeError(f"ShardedTokens takes integer positions or a slice, not {positions.dtype}")
+        flat = positions.reshape(-1).astype(np.int64)
+        flat = np.where(flat < 0, flat + len(self), flat)
+        if flat.size and (flat.min() < 0 or flat.max() >= len(self)):
+            raise IndexError(f"position out of range for {len(self)} ids")
+        which = np.searchsorted(self.ends, flat, side="right")
+        out = np.empty(flat.shape, dtype=self.dtype)
+        for k in np.unique(which):
+            at = which == k
+            out[at] = self.shards[k][flat[at] - self.starts[k]]
+        return out.reshape(positions.shape) if positions.ndim else out[0]
+
+    def _range(self, a: int, b: int) -> np.ndarray:
+        parts = [s[max(a - lo, 0) : min(b, hi) - lo] for s, lo, hi in zip(self.shards, self.starts, self.ends)
+                 if lo < b and hi > a]
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=self.dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        whole = self._range(0, len(self))
+        return whole if dtype is None else whole.astype(dtype)
+
+    def tolist(self) -> list[int]:
+        return self._range(0, len(self)).tolist()
 
 
 # ----------------------------------------------------------------------------------------------

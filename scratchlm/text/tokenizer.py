@@ -9,8 +9,9 @@ Three kinds, each a class with the same attributes and methods:
 - `gpt2`: GPT-2's 50257-token byte-level BPE through `tiktoken`, from a local rank file
   (`gpt2.tiktoken`) or tiktoken's own download.
 
-Every tokenizer has `kind`, `vocab_size`, `bos_id`, `eos_id`, `special_ids`, `encode(text)`,
-`encode_batch(texts)`, `decode(ids)`, `save(directory)` and `token_byte_lengths()`;
+Every tokenizer has `kind`, `vocab_size`, `bos_id`, `eos_id`, `special_ids`, `cut_rule`,
+`encode(text)`, `encode_array(text)`, `encode_batch(texts)`, `decode(ids)`, `save(directory)` and
+`token_byte_lengths()`;
 `load_tokenizer(directory)` reads any of them back. Encoding treats the text literally: a special
 token's spelling inside the text ("<|endoftext|>") is encoded as ordinary characters, never as the
 special id, so user data cannot inject document boundaries. Decoding writes special ids out as
@@ -144,6 +145,9 @@ class CharTokenizer:
     def encode(self, text: str) -> list[int]:
         return self.encode_array(text).tolist()
 
+    cut_rule = "anywhere"
+    """Where a text may be cut without changing its ids (scratchlm.data.cutting): anywhere."""
+
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
 
@@ -228,6 +232,10 @@ class BPETokenizer:
         self.bos_id, self.eos_id = bos, eos
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self._fast = _tiktoken_twin(self._tok, {BOS: bos, EOS: eos})
+        # Where a text may be cut without changing its ids (scratchlm.data.cutting): GPT-2's rule
+        # for a plain byte-level pre-tokenizer; any other (a tokenizer.json from elsewhere) is
+        # not cut at all.
+        self.cut_rule = "gpt2" if _plain_byte_level(json.loads(self._tok.to_str())) else None
         # what Hugging Face's decode(skip_special_tokens=True) leaves out
         self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
 
@@ -268,6 +276,12 @@ class BPETokenizer:
         if self._fast is not None:
             return self._fast.encode_ordinary(text)
         return self.encode_reference(text)
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of encode(text) as an array (uint32 or int64), without a Python list between."""
+        if self._fast is not None:
+            return self._fast.encode_to_numpy(text, disallowed_special=())
+        return np.array(self.encode_reference(text), dtype=np.int64)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         if self._fast is not None:
@@ -310,6 +324,13 @@ def byte_alphabet() -> dict[int, str]:
     return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
+def _plain_byte_level(model: dict) -> bool:
+    """A tokenizer.json (parsed) that splits text with GPT-2's pre-tokenizer and nothing else."""
+    pre = model.get("pre_tokenizer") or {}
+    return (not model.get("normalizer") and pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space")
+            and pre.get("use_regex", True))
+
+
 def _tiktoken_twin(hf_tokenizer, special_tokens: dict[str, int]):
     """A tiktoken Encoding with the same ids as a byte-level BPE tokenizer, or None when the two
     could disagree (not plain byte-level BPE, or a merge result appearing twice)."""
@@ -317,9 +338,7 @@ def _tiktoken_twin(hf_tokenizer, special_tokens: dict[str, int]):
 
     model = json.loads(hf_tokenizer.to_str())
     bpe = model["model"]
-    pre = model.get("pre_tokenizer") or {}
-    if (bpe.get("type") != "BPE" or bpe.get("dropout") or bpe.get("ignore_merges") or model.get("normalizer")
-            or pre.get("type") != "ByteLevel" or pre.get("add_prefix_space") or not pre.get("use_regex", True)):
+    if bpe.get("type") != "BPE" or bpe.get("dropout") or bpe.get("ignore_merges") or not _plain_byte_level(model):
         return None
     merges = [m.split(" ") if isinstance(m, str) else m for m in bpe["merges"]]
     results = [a + b for a, b in merges]
@@ -390,6 +409,14 @@ class GPT2Tokenizer:
 
     def encode(self, text: str) -> list[int]:
         return self._enc.encode_ordinary(text)
+
+    cut_rule = "gpt2"
+    """Where a text may be cut without changing its ids (scratchlm.data.cutting)."""
+
+    def encode_array(self, text: str) -> np.ndarray:
+        """The ids of encode(text) as a uint32 array, without a Python list between (text that
+        spells <|endoftext|> stays characters, as in encode)."""
+        return self._enc.encode_to_numpy(text, disallowed_special=())
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return self._enc.encode_ordinary_batch(list(texts), num_threads=_cpu_count())

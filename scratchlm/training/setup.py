@@ -53,7 +53,7 @@ class RunSetup:
     """The model and tokenizer `--init_from` names (a new run only)."""
     block_size: int
     data_dir: Path
-    """The prepared data: train.bin, val.bin, meta.json and the tokenizer they were made with."""
+    """The prepared data: train and val shards, meta.json and the tokenizer they were made with."""
     meta: dict[str, Any]
     tokenizer: Any
     train_tokens: Any
@@ -101,11 +101,11 @@ def set_up_run(cfg: TrainConfig, d: Dist, device: torch.device) -> RunSetup:
         meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
         tokenizer = _run_tokenizer(data_dir, run_dir, resume_ckpt, meta)
         model_config = _model_config(cfg, tokenizer, resume_ckpt, source)  # 6. and 7.
-        from scratchlm.data import read_shard
+        from scratchlm.data import read_split
 
         return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock,
                         source=source, block_size=block_size, data_dir=data_dir, meta=meta, tokenizer=tokenizer,
-                        train_tokens=read_shard(data_dir / "train.bin"), val_tokens=read_shard(data_dir / "val.bin"),
+                        train_tokens=read_split(data_dir, "train", meta), val_tokens=read_split(data_dir, "val", meta),
                         model_config=model_config)
     except BaseException:
         if lock is not None:

@@ -1,0 +1,121 @@
+"""Pieces of text to token ids on a pool of threads, in order, into part shards (prepare's stage 3).
+
+The main thread reads and cuts the input (scratchlm.data.reading) and gathers pieces into batches
+of about BATCH_CHARS characters; each batch is encoded on one of `workers` threads. tiktoken (the
+gpt2 and bpe encoders) and NumPy (char) let go of Python's lock while they work, so the threads
+run on separate cores. At most two batches per worker wait or run at a time, so memory holds a
+handful of batches whatever the corpus size. Results are taken in the order the batches were
+made and appended to the shards at once (scratchlm.data.writing).
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+
+from scratchlm.data.reading import Piece
+from scratchlm.data.writing import Shard, ShardWriter
+
+BATCH_CHARS = 1 << 21
+
+
+def default_workers() -> int:
+    """One encoding thread per core this process may use."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # macOS, Windows
+        return max(1, os.cpu_count() or 1)
+
+
+@dataclass
+class Encoded:
+    """One batch: BOS + ids for each document that starts in it, and the ids of its other pieces."""
+
+    ids: np.ndarray
+    starts: np.ndarray
+    """Offsets in ids of the BOS ids (int64)."""
+    text_bytes: int
+    input_bytes: int
+    """Bytes of the input files read to make this batch (for the progress bar)."""
+
+
+@dataclass
+class Stream:
+    """What stage 3 wrote: the part shards, the BOS positions file, and its counts."""
+
+    parts: list[Shard]
+    positions: Path
+    documents: int
+    tokens: int
+    text_bytes: int
+
+
+def _encode_batch(tok, pieces: list[Piece], input_bytes: int) -> Encoded:
+    arrays: list[np.ndarray] = []
+    starts: list[int] = []
+    at = text_bytes = 0
+    bos = np.array([tok.bos_id], dtype=np.int64)
+    for piece in pieces:
+        if piece.first:
+            arrays.append(bos)
+            starts.append(at)
+            at += 1
+        ids = tok.encode_array(piece.text)
+        arrays.append(ids)
+        at += len(ids)
+        text_bytes += len(piece.text.encode("utf-8"))
+    ids = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
+    return Encoded(ids, np.array(starts, dtype=np.int64), text_bytes, input_bytes)
+
+
+def _batches(pieces: Iterable[tuple[Piece, int]]) -> Iterator[tuple[list[Piece], int]]:
+    batch: list[Piece] = []
+    chars = read = 0
+    for piece, n in pieces:
+        batch.append(piece)
+        chars += len(piece.text)
+        read += n
+        if chars >= BATCH_CHARS:
+            yield batch, read
+            batch, chars, read = [], 0, 0
+    if batch or read:
+        yield batch, read
+
+
+def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int) -> Iterator[Encoded]:
+    """Each batch of pieces encoded on the pool, yielded in the order of the pieces."""
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scratchlm-encode")
+    waiting: deque = deque()
+    try:
+        for batch, read in _batches(pieces):
+            waiting.append(pool.submit(_encode_batch, tok, batch, read))
+            if len(waiting) >= 2 * workers:
+                yield waiting.popleft().result()
+        while waiting:
+            yield waiting.popleft().result()
+    finally:  # an error or Ctrl-C: drop what has not started, let the running batches end
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def encode_to_parts(tok, pieces: Iterable[tuple[Piece, int]], writer: ShardWriter, positions: Path,
+                    workers: int, bar) -> Stream:
+    """Stage 3: every piece's ids into the writer's shards, each BOS position into `positions`."""
+    documents = text_bytes = 0
+    try:
+        with open(positions, "wb") as pos_file:
+            for enc in encode_in_order(tok, pieces, workers):
+                (enc.starts + writer.total).astype(np.uint64).tofile(pos_file)
+                writer.write(enc.ids)
+                documents += len(enc.starts)
+                text_bytes += enc.text_bytes
+                bar.update(enc.input_bytes)
+                bar.set_postfix_str(f"{writer.total:,} tokens", refresh=False)
+        parts = writer.close()
+    finally:
+        writer.abandon()
+    return Stream(parts, positions, documents, writer.total, text_bytes)
