@@ -70,10 +70,11 @@ class Cutter:
     rule None (a tokenizer whose pre-tokenization is not known here) never cuts: each document
     is encoded whole. `forced` counts the cuts made at max_chars for want of a safe place."""
 
-    def __init__(self, rule: str | None, target: int = CHUNK_CHARS, max_chars: int = MAX_PIECE_CHARS):
+    def __init__(self, rule: str | None, target: int | None = None, max_chars: int | None = None):
         if rule is not None and rule not in RULES:
             raise ValueError(f"cut rule {rule!r} is not one of {', '.join(RULES)} or None")
-        self.rule, self.target, self.max_chars = rule, target, max(target, max_chars)
+        self.rule, self.target = rule, target or CHUNK_CHARS
+        self.max_chars = max(self.target, max_chars or MAX_PIECE_CHARS)
         self.forced = 0
 
     def pieces(self, text: str, final: bool) -> tuple[list[str], str]:
@@ -98,8 +99,8 @@ class Cutter:
         return pieces, rest
 
 
-def split_for_encoding(text: str, target: int = CHUNK_CHARS, rule: str | None = "gpt2") -> list[str]:
-    """A whole text in pieces of about `target` characters whose ids, encoded one by one and
+def split_for_encoding(text: str, target: int | None = None, rule: str | None = "gpt2") -> list[str]:
+    """A whole text in pieces of about `target` characters (None: CHUNK_CHARS) whose ids, encoded one by one and
     joined, are the ids of the whole text (see the module's docstring)."""
     pieces, _ = Cutter(rule, target).pieces(text, final=True)
     return pieces or [text]
