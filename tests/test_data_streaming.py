@@ -262,3 +262,17 @@ def test_workers_do_not_change_the_output(tmp_path, tiny_pieces):
     assert {k: v for k, v in read_meta(one).items() if k not in ("seconds", "workers")} == \
         {k: v for k, v in read_meta(two).items() if k not in ("seconds", "workers")}
     assert os.path.getsize(one / "train-00000.bin") > 0
+
+
+def test_the_large_corpus_section_names_the_code_s_limits():
+    """docs/own-data.md and its Chinese twin quote the shard size, the BPE sample and the forced
+    cut length: the code's constants, not numbers typed once and left to drift."""
+    from scratchlm.data.config import BPE_SAMPLE_BYTES, DEFAULT_SHARD_TOKENS, MAX_PIECE_CHARS
+
+    docs = Path(__file__).resolve().parent.parent / "docs"
+    en, zh = (docs / "own-data.md").read_text(encoding="utf-8"), (docs / "zh" / "own-data.md").read_text(encoding="utf-8")
+    for page in (en, zh):
+        assert f"默认 {DEFAULT_SHARD_TOKENS:,}" in page or f"(default {DEFAULT_SHARD_TOKENS:,})" in page
+        assert f"前 {BPE_SAMPLE_BYTES // 10**6} MB" in page or f"first {BPE_SAMPLE_BYTES // 10**6} MB" in page
+    assert f"{MAX_PIECE_CHARS // 10**6} million characters" in en
+    assert f"{MAX_PIECE_CHARS // 10**4} 万个字符" in zh

@@ -14,11 +14,11 @@ ERRORS = ("strict", "replace")
 DEFAULT_BPE_VOCAB = 8192
 CHUNK_CHARS = 1 << 20
 """Long documents are cut into pieces of about this many characters (scratchlm.data.cutting)."""
-MAX_PIECE_CHARS = 32 << 20
+MAX_PIECE_CHARS = 32_000_000
 """A piece with no safe place to cut is cut here anyway (counted in meta.json as a forced cut)."""
 DEFAULT_SHARD_TOKENS = 100_000_000
 """Token ids per shard file (the last shard of a split holds the rest)."""
-BPE_SAMPLE_BYTES = 256 << 20
+BPE_SAMPLE_BYTES = 100_000_000
 """--tokenizer bpe trains on at most this much of the input's text (each file its share)."""
 
 
