@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scratchlm.data import read_shard
+from scratchlm.data import read_split
 from scratchlm.text.tokenizer import load_tokenizer
 
 from helpers import file_snapshot, write_file
@@ -59,7 +59,7 @@ def _make_bad_input(name: str, d: Path) -> list[str]:
             (d / rel).write_bytes(content)
     out = d / "out"  # an earlier prepare's output (its marker says so) that a failed run must leave alone
     (out / "tokenizer").mkdir(parents=True)
-    for rel, content in {"train.bin": b"old train", "val.bin": b"old val", "meta.json": b"{}",
+    for rel, content in {"train-00000.bin": b"old train", "val-00000.bin": b"old val", "meta.json": b"{}",
                          "tokenizer/tokenizer_config.json": b"{}", ".scratchlm-output": b"scratchlm prepare\n"}.items():
         (out / rel).write_bytes(content)
     return ["prepare", *[f.format(d=d) for f in flags], "--out", str(out)]
@@ -125,5 +125,5 @@ def test_cli_prepare_success_with_errors_replace(tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert "MB/s" in proc.stdout and "train" in proc.stdout
     tok = load_tokenizer(out / "tokenizer")
-    stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
+    stream = read_split(out, "train").tolist() + read_split(out, "val").tolist()
     assert tok.decode(stream[1:]) == "good text, " * 10 + "\ufffd end\n"

@@ -20,6 +20,7 @@ from scratchlm.data import (
     prepare,
     read_meta,
     read_shard,
+    read_split,
     split_for_encoding,
 )
 from scratchlm.errors import UserError
@@ -33,12 +34,6 @@ GPT2_DIR = DATA / "gpt2"
 
 
 # ------------------------------------------------------------------------------------- prepare
-
-
-def write_file(path: Path, text: str) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
 
 
 def _documents_of(stream: list[int], bos: int) -> list[list[int]]:
@@ -63,7 +58,7 @@ def test_prepare_char_bos_layout_tail_split_and_meta(tmp_path):
     alphabet = sorted(set("".join(texts.values())))
     bos, eos = len(alphabet), len(alphabet) + 1
     expected = [t for name in order for t in [bos] + [alphabet.index(c) for c in texts[name]]]
-    train, val = read_shard(out / "train.bin"), read_shard(out / "val.bin")
+    train, val = read_split(out, "train"), read_split(out, "val")
     assert train.dtype == np.uint16
     assert train.tolist() + val.tolist() == expected
     assert len(train) == int(len(expected) * 0.9)  # nanoGPT's tail split
@@ -99,7 +94,7 @@ def test_prepare_jsonl_and_parquet_one_document_per_record(tmp_path):
     out = prepare(DataConfig(data=[str(tmp_path / "d.jsonl"), str(tmp_path / "d.parquet")], tokenizer="bpe",
                              vocab_size=270, val_fraction=0.0), tmp_path / "out", progress=False)
     tok = load_tokenizer(out / "tokenizer")
-    stream = read_shard(out / "train.bin").tolist()
+    stream = read_split(out, "train").tolist()
     docs = [tok.decode(d) for d in _documents_of(stream, tok.bos_id)]
     assert docs == jsonl_docs + [d for d in parquet_docs if d is not None]
     assert read_meta(out)["val_tokens"] == 0
@@ -112,10 +107,11 @@ def test_prepare_documents_split_is_seeded_and_whole(tmp_path):
     cfg = DataConfig(data=str(tmp_path / "in"), tokenizer="char", split="documents", val_fraction=0.3, seed=5)
     a = prepare(cfg, tmp_path / "a", progress=False)
     b = prepare(cfg, tmp_path / "b", progress=False)
-    assert (a / "val.bin").read_bytes() == (b / "val.bin").read_bytes()
+    shards_a = {name: data for name, data in file_snapshot(a).items() if name.endswith(".bin")}
+    assert "val-00000.bin" in shards_a and shards_a == {n: d for n, d in file_snapshot(b).items() if n.endswith(".bin")}
     tok = load_tokenizer(a / "tokenizer")
-    train = [tok.decode(d) for d in _documents_of(read_shard(a / "train.bin").tolist(), tok.bos_id)]
-    val = [tok.decode(d) for d in _documents_of(read_shard(a / "val.bin").tolist(), tok.bos_id)]
+    train = [tok.decode(d) for d in _documents_of(read_split(a, "train").tolist(), tok.bos_id)]
+    val = [tok.decode(d) for d in _documents_of(read_split(a, "val").tolist(), tok.bos_id)]
     assert len(val) == 3 and sorted(train + val) == sorted(docs)
     assert train == [d for d in docs if d in train]  # original order kept
     # "seeded" as documented: validation holds the documents the seed's permutation lists first
@@ -124,7 +120,7 @@ def test_prepare_documents_split_is_seeded_and_whole(tmp_path):
     drawn = []
     for seed in (5, 6, 7, 8):
         out = prepare(DataConfig(**{**cfg.to_dict(), "seed": seed}), tmp_path / f"seed{seed}", progress=False)
-        got = {tok.decode(d) for d in _documents_of(read_shard(out / "val.bin").tolist(), tok.bos_id)}
+        got = {tok.decode(d) for d in _documents_of(read_split(out, "val").tolist(), tok.bos_id)}
         assert got == {docs[i] for i in np.random.default_rng(seed).permutation(len(docs))[:3]}, seed
         drawn.append(frozenset(got))
     assert set(val) == drawn[0] and len(set(drawn)) > 1
@@ -136,7 +132,7 @@ def test_prepare_uint32_when_the_vocabulary_needs_it(tmp_path):
     write_file(tmp_path / "wide.txt", text)
     out = prepare(DataConfig(data=str(tmp_path / "wide.txt"), tokenizer="char", val_fraction=0.0), tmp_path / "out",
                   progress=False)
-    train = read_shard(out / "train.bin")
+    train = read_split(out, "train")
     assert train.dtype == np.uint32 and read_meta(out)["dtype"] == "uint32"
     assert train.tolist() == [66_000] + list(range(66_000))  # BOS, then each character's sorted rank
 
@@ -147,7 +143,7 @@ def test_prepare_gpt2_offline(tmp_path):
     write_file(tmp_path / "t.txt", text)
     out = prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="gpt2",
                              tokenizer_file=str(GPT2_DIR / "gpt2.tiktoken")), tmp_path / "out", progress=False)
-    stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
+    stream = read_split(out, "train").tolist() + read_split(out, "val").tolist()
     assert stream[:4] == [50256, 15496, 995, 198]  # <|endoftext|> as BOS, "Hello", " world", "\n"
     assert (out / "tokenizer" / "gpt2.tiktoken").read_bytes() == (GPT2_DIR / "gpt2.tiktoken").read_bytes()
 
@@ -160,9 +156,9 @@ def test_prepare_replaces_its_own_output_and_refuses_a_folder_with_a_users_file(
     write_file(tmp_path / "one.txt", "a second, different text!\n" * 9)
     prepare(cfg, out, progress=False)
     tok = load_tokenizer(out / "tokenizer")
-    stream = read_shard(out / "train.bin").tolist() + read_shard(out / "val.bin").tolist()
+    stream = read_split(out, "train").tolist() + read_split(out, "val").tolist()
     assert tok.decode(stream[1:]) == "a second, different text!\n" * 9
-    assert sorted(p.name for p in out.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]
+    assert sorted(p.name for p in out.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train-00000.bin", "val-00000.bin"]
     (out / "notes.txt").write_text("mine")
     before = file_snapshot(out)
     with pytest.raises(UserError, match=r"holds files that `scratchlm prepare` did not write \(notes.txt\)"):
@@ -178,17 +174,17 @@ def test_interrupted_prepare_leaves_the_old_output(tmp_path, monkeypatch):
     out = prepare(cfg, tmp_path / "out", progress=False)
     before = file_snapshot(out)
     write_file(tmp_path / "t.txt", "new text\n" * 20)
-    real_copy = data_module._copy_tokens
+    real_split = data_module.split_tail
     calls = []
 
-    def copy_then_interrupt(*args):
-        calls.append(real_copy(*args))
-        raise KeyboardInterrupt  # as if Ctrl-C came after train.bin was written
+    def split_then_interrupt(*args):
+        calls.append(real_split(*args))
+        raise KeyboardInterrupt  # as if Ctrl-C came after the train and val shards were written (in staging)
 
-    monkeypatch.setattr(data_module, "_copy_tokens", copy_then_interrupt)
+    monkeypatch.setattr(data_module, "split_tail", split_then_interrupt)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, out, progress=False)
-    assert calls and file_snapshot(out) == before
+    assert calls and [s.name for s in calls[0][0]] == ["train-00000.bin"] and file_snapshot(out) == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "t.txt"]
 
 
@@ -393,8 +389,162 @@ def test_preparing_into_an_empty_folder_and_after_a_killed_first_try(tmp_path):
     assert tokenizer.decode(tokenizer.encode("jihgfedcba")) == "jihgfedcba"
     killed = tmp_path / "killed"
     (killed / ".staging-abc123" / "tokenizer").mkdir(parents=True)
-    (killed / ".staging-abc123" / "train.bin").write_bytes(b"half")
+    (killed / ".staging-abc123" / "train-00000.bin").write_bytes(b"half")
+    (killed / ".staging-abc123" / "part-00001.bin.part").write_bytes(b"half")
     (killed / ".lock").write_text("999999\n")
     (killed / "..scratchlm-output.x1y2.tmp").write_text("scratchlm pre")  # its marker's write, cut short
     prepare(DataConfig(data=str(tmp_path / "t.txt"), tokenizer="char"), killed, progress=False)
-    assert sorted(p.name for p in killed.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train.bin", "val.bin"]
+    assert sorted(p.name for p in killed.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train-00000.bin", "val-00000.bin"]
+
+
+# ------------------------------------------------------------------------------------- the sharded layout
+
+
+def _nine_documents(folder: Path) -> list[list[int]]:
+    """Nine .txt documents of 14 + 15 i char ids each with their BOS (666 in all); each one's ids,
+    worked out here from the characters (the char tokenizer numbers the sorted alphabet, BOS next)."""
+    docs = [f"doc {i}: " + "xyz. " * (3 * i + 1) + "\n" for i in range(9)]
+    for i, d in enumerate(docs):
+        write_file(folder / f"{i}.txt", d)
+    alphabet = sorted(set("".join(docs)))
+    return [[len(alphabet)] + [alphabet.index(c) for c in d] for d in docs]
+
+
+def _cut_lengths(start: int, stop: int, size: int) -> list[int]:
+    """Lengths of the stretch start..stop cut at every multiple of size (one empty length for an empty stretch)."""
+    cuts = [start, *range((start // size + 1) * size, stop, size), stop]
+    return [b - a for a, b in zip(cuts, cuts[1:])]
+
+
+@pytest.mark.parametrize("shard_tokens", [50, 1])
+@pytest.mark.parametrize("split", ["tail", "documents"])
+def test_small_shards_hold_the_one_shard_stream_cut_at_every_shard_tokens(tmp_path, split, shard_tokens):
+    """tail: the stream is cut at multiples of shard_tokens and at the split (so every train shard is
+    full but the last, and the shard the split falls in gives the last train and the first val
+    shard); documents: each split's own stream is cut at multiples of shard_tokens. Either way the
+    shards joined are the one-shard output, and meta.json lists exactly the files written."""
+    ids = _nine_documents(tmp_path / "in")
+    stream = [t for d in ids for t in d]
+    assert len(stream) == 666
+    cfg = DataConfig(data=str(tmp_path / "in"), tokenizer="char", split=split, seed=3,
+                     val_fraction=0.1 if split == "tail" else 0.3)
+    small = prepare(cfg, tmp_path / "small", progress=False, shard_tokens=shard_tokens)
+    whole = prepare(cfg, tmp_path / "whole", progress=False, shard_tokens=10**6)
+    if split == "tail":  # n_train = int(666 * 0.9) = 599, not a multiple of 50: the cut falls inside a shard
+        want = {"train": stream[:599], "val": stream[599:]}
+        lengths = {"train": _cut_lengths(0, 599, shard_tokens), "val": _cut_lengths(599, 666, shard_tokens)}
+    else:  # round(9 * 0.3) = 3 documents, the first 3 of the seed's permutation
+        held = set(np.random.default_rng(3).permutation(9)[:3].tolist())
+        want = {"train": [t for i, d in enumerate(ids) if i not in held for t in d],
+                "val": [t for i, d in enumerate(ids) if i in held for t in d]}
+        lengths = {s: _cut_lengths(0, len(want[s]), shard_tokens) for s in want}
+    if shard_tokens == 50:
+        assert lengths["train"][:-1] == [50] * (len(lengths["train"]) - 1) and 0 < lengths["train"][-1] < 50
+    meta, whole_meta = read_meta(small), read_meta(whole)
+    bos = ids[0][0]
+    for s in ("train", "val"):
+        listed = meta["shards"][s]
+        assert [e["file"] for e in listed] == [f"{s}-{k:05d}.bin" for k in range(len(lengths[s]))]
+        assert [e["tokens"] for e in listed] == lengths[s]
+        files = [read_shard(small / e["file"]) for e in listed]
+        assert [len(f) for f in files] == lengths[s]
+        assert np.concatenate(files).tolist() == want[s] == read_split(whole, s).tolist() == read_split(small, s).tolist()
+        assert whole_meta["shards"][s] == [{"file": f"{s}-00000.bin", "tokens": len(want[s])}]
+        assert meta[f"{s}_tokens"] == whole_meta[f"{s}_tokens"] == len(want[s])
+        # every character is ASCII: one byte per id that is not a BOS
+        assert meta[f"{s}_bytes"] == whole_meta[f"{s}_bytes"] == sum(t != bos for t in want[s])
+    written = sorted(p.name for p in small.iterdir() if p.suffix == ".bin")
+    assert written == sorted(e["file"] for s in ("train", "val") for e in meta["shards"][s])
+    assert meta["shard_tokens"] == shard_tokens and not [p for p in small.iterdir() if p.name.startswith(".staging")]
+
+
+@pytest.mark.parametrize("split", ["tail", "documents"])
+def test_an_empty_validation_split_is_one_empty_shard(tmp_path, split):
+    ids = _nine_documents(tmp_path / "in")
+    out = prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char", split=split, val_fraction=0.0),
+                  tmp_path / "out", progress=False, shard_tokens=50)
+    meta = read_meta(out)
+    assert meta["shards"]["val"] == [{"file": "val-00000.bin", "tokens": 0}]
+    assert len(read_shard(out / "val-00000.bin")) == 0 == len(read_split(out, "val"))
+    assert [e["tokens"] for e in meta["shards"]["train"]] == [50] * 13 + [16]  # 666 = 13 * 50 + 16
+    assert read_split(out, "train").tolist() == [t for d in ids for t in d]
+
+
+def test_preparing_again_with_fewer_shards_leaves_none_of_the_old_ones(tmp_path):
+    ids = _nine_documents(tmp_path / "in")
+    cfg = DataConfig(data=str(tmp_path / "in"), tokenizer="char")
+    out = prepare(cfg, tmp_path / "out", progress=False, shard_tokens=50)
+    assert (out / "train-00011.bin").is_file() and (out / "val-00002.bin").is_file()
+    prepare(cfg, out, progress=False, shard_tokens=10**6)
+    assert sorted(p.name for p in out.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train-00000.bin",
+                                                     "val-00000.bin"]
+    assert read_split(out, "train").tolist() + read_split(out, "val").tolist() == [t for d in ids for t in d]
+    assert is_prepared(out)
+
+
+def test_a_folder_of_the_one_file_layout_is_read_and_then_replaced(tmp_path):
+    """A folder from before shards (train.bin, val.bin, a meta.json without "shards") is read by
+    read_split and is_prepared; prepare takes it as its own and leaves only the shard layout."""
+    from scratchlm.data import FORMAT_VERSION, write_shard
+    from scratchlm.text.tokenizer import CharTokenizer
+
+    old = tmp_path / "old"
+    old.mkdir()
+    train_ids = [i % 7 for i in range(40)]
+    write_shard(old / "train.bin", train_ids, dtype="uint16")
+    write_shard(old / "val.bin", [6, 5, 4, 3], dtype="uint16")
+    CharTokenizer("abcdef ").save(old / "tokenizer")
+    meta = {"format_version": FORMAT_VERSION, "tokenizer": "char", "dtype": "uint16", "train_tokens": 40, "val_tokens": 4}
+    (old / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    assert read_split(old, "train").tolist() == train_ids and read_split(old, "val").tolist() == [6, 5, 4, 3]
+    assert is_prepared(old)
+    (old / "meta.json").write_text(json.dumps({**meta, "val_tokens": 5}), encoding="utf-8")
+    with pytest.raises(UserError, match="val.bin: holds 4 ids, but meta.json says 5"):
+        read_split(old, "val")
+    assert not is_prepared(old)
+    (old / "meta.json").write_text(json.dumps(meta), encoding="utf-8")
+    ids = _nine_documents(tmp_path / "in")
+    prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="char"), old, progress=False)
+    assert sorted(p.name for p in old.iterdir()) == [".scratchlm-output", "meta.json", "tokenizer", "train-00000.bin",
+                                                     "val-00000.bin"]
+    assert read_split(old, "train").tolist() + read_split(old, "val").tolist() == [t for d in ids for t in d]
+
+
+def test_sharded_tokens_over_shard_files_read_across_their_boundaries(tmp_path):
+    from scratchlm.data import BatchStream, ShardedTokens, write_shard
+
+    parts = [np.arange(0, 7), np.arange(0), np.arange(200, 203), np.arange(300, 311)]
+    tokens = ShardedTokens([read_shard(write_shard(tmp_path / f"s{i}.bin", p, dtype="uint16")) for i, p in enumerate(parts)])
+    whole = np.concatenate(parts).astype(np.uint16)
+    assert len(tokens) == 21 and tokens.shape == (21,)
+    assert np.asarray(tokens).tolist() == whole.tolist() == tokens.tolist() and np.asarray(tokens).dtype == np.uint16
+    assert tokens[5:12].tolist() == whole[5:12].tolist()  # over the empty shard and the whole 3-id one
+    positions = np.array([[6, 7, 9, 10], [-1, 0, 20, 8]])
+    assert tokens[positions].tolist() == whole[positions].tolist() and tokens[7] == whole[7] == 200
+    for mode in ("random", "sequential"):
+        x, y = BatchStream(tokens, 3, 5, seed=2, mode=mode).next_batch()
+        want_x, want_y = BatchStream(whole, 3, 5, seed=2, mode=mode).next_batch()
+        assert x.tolist() == want_x.tolist() and y.tolist() == want_y.tolist()
+
+
+@settings(max_examples=80, deadline=None)
+@given(lengths=st.lists(st.integers(0, 6), min_size=1, max_size=5), data=st.data())
+def test_sharded_tokens_index_as_the_joined_shards_do(lengths, data):
+    from scratchlm.data import ShardedTokens
+
+    rng = np.random.default_rng(sum(lengths))
+    shards = [rng.integers(0, 60_000, size=n).astype(np.uint16) for n in lengths]
+    whole, tokens = np.concatenate(shards), ShardedTokens(shards)
+    n = len(whole)
+    assert len(tokens) == n and np.asarray(tokens).tolist() == whole.tolist() == tokens.tolist()
+    bound = st.one_of(st.none(), st.integers(-n - 2, n + 2))
+    cut = slice(data.draw(bound), data.draw(bound), data.draw(st.sampled_from([None, 1, 2, 3, -1, -2])))
+    assert tokens[cut].tolist() == whole[cut].tolist() and tokens[cut].dtype == np.uint16, cut
+    if n:
+        shape = data.draw(st.sampled_from([(), (4,), (2, 3)]))
+        positions = np.asarray(data.draw(st.lists(st.integers(-n, n - 1), min_size=int(np.prod(shape)),
+                                                  max_size=int(np.prod(shape)))), dtype=np.int64).reshape(shape)
+        assert np.array_equal(tokens[positions], whole[positions]) and np.shape(tokens[positions]) == shape
+    for outside in (n, -n - 1):
+        with pytest.raises(IndexError):
+            tokens[outside]

@@ -53,12 +53,12 @@ def source(tmp_path_factory) -> Path:
 def _first_batch_loss(model, run_dir: Path, cfg: TrainConfig) -> float:
     """The loss of `model` on the first training batch of the run in run_dir, as scratchlm eval
     scores it: each row of the batch is one window of block_size + 1 ids, every target scored."""
-    from scratchlm.data import read_shard
+    from scratchlm.data import read_split
     from scratchlm.training.distributed import Dist
     from scratchlm.training.batches import RankBatches
 
     start = json.loads((run_dir / "metrics.jsonl").read_text().splitlines()[0])
-    tokens = read_shard(Path(start["data_dir"]) / "train.bin")
+    tokens = read_split(start["data_dir"], "train")
     block = model.config.block_size
     x, y = RankBatches(tokens, cfg.batch_size, block, cfg.seed, Dist()).next_batch()
     rows = torch.cat([x, y[:, -1:]], dim=1)  # (B, block + 1): inputs and the last target

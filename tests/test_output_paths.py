@@ -104,9 +104,9 @@ def test_training_waits_for_a_prepare_of_its_cache_folder_and_takes_its_output(t
             time.sleep(0.01)
         for p in elsewhere.iterdir():  # the other writer publishes, then lets go
             os.rename(p, folder / p.name)
-        inode = os.stat(folder / "train.bin").st_ino
+        inode = os.stat(folder / "train-00000.bin").st_ino
     waiter.join(120)
-    assert result == [folder] and os.stat(folder / "train.bin").st_ino == inode  # taken, not built again
+    assert result == [folder] and os.stat(folder / "train-00000.bin").st_ino == inode  # taken, not built again
     assert capsys.readouterr().err == (f"note: {folder}: process {os.getpid()} is preparing data into this folder; "
                                        "waiting for it to end\n")
 
@@ -133,9 +133,9 @@ def test_training_takes_a_cache_folder_whose_writer_ends_as_it_is_refused(tmp_pa
         return real_holder(path)
 
     monkeypatch.setattr(outdir, "holder_of", the_other_ends_now)
-    inode = os.stat(elsewhere / "train.bin").st_ino  # a rename keeps it; a new build would not
+    inode = os.stat(elsewhere / "train-00000.bin").st_ino  # a rename keeps it; a new build would not
     assert ensure_prepared(cfg, tmp_path / "cache", progress=False) == folder
-    assert os.stat(folder / "train.bin").st_ino == inode and not (folder / ".lock").exists()
+    assert os.stat(folder / "train-00000.bin").st_ino == inode and not (folder / ".lock").exists()
     assert capsys.readouterr().err == ""  # nobody to wait for once it looked
 
 
@@ -150,8 +150,10 @@ def test_trains_data_cache_names_its_own_flag_and_rebuilds_its_own_leftovers(tmp
     cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
     folder = cache_dir(cfg, tmp_path / "cache")
     folder.mkdir(parents=True)
-    (folder / "train.bin").write_bytes(b"\0" * 10)  # torn, unmarked
+    (folder / "train.bin").write_bytes(b"\0" * 10)  # torn, unmarked: an older version's name
+    (folder / "train-00003.bin").write_bytes(b"\0" * 10)  # and a shard's
     assert ensure_prepared(cfg, tmp_path / "cache", progress=False) == folder and is_prepared(folder)
+    assert sorted(p.name for p in folder.glob("*.bin")) == ["train-00000.bin", "val-00000.bin"]
     (folder / "notes.txt").write_text("mine")
     (folder / "meta.json").unlink()  # incomplete again, and now with a name prepare never writes
     before = tree_hashes(tmp_path)
@@ -179,17 +181,27 @@ def test_prepare_never_writes_into_or_around_its_input_folder(tmp_path, out, how
     assert tree_hashes(tmp_path) == before
 
 
+def _fail_after_writing(code: int):
+    """A stand-in for ShardWriter.write (every shard's ids go through it) that writes the ids, so
+    the staging folder holds a partial shard, and then fails as a write does with errno `code`."""
+    from scratchlm.data.writing import ShardWriter
+
+    real_write = ShardWriter.write
+
+    def write_then_fail(self, ids):
+        real_write(self, ids)
+        raise OSError(code, os.strerror(code))
+
+    return write_then_fail
+
+
 def test_prepare_on_a_full_disk_names_the_folder_and_changes_nothing(tmp_path, monkeypatch):
-    import scratchlm.data.preparation as preparation
+    from scratchlm.data.writing import ShardWriter
 
     cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
     out = prepare(cfg, tmp_path / "out", progress=False)
     before = tree_hashes(tmp_path)
-
-    def full_disk(*args):
-        raise OSError(errno.ENOSPC, "No space left on device")
-
-    monkeypatch.setattr(preparation, "_copy_tokens", full_disk)
+    monkeypatch.setattr(ShardWriter, "write", _fail_after_writing(errno.ENOSPC))
     for target in (out, tmp_path / "new"):
         with pytest.raises(UserError) as caught:
             prepare(cfg, target, progress=False)
@@ -209,7 +221,7 @@ def test_every_writer_says_a_failed_write_in_the_same_words(tmp_path, monkeypatc
     """One wording of a failed write (scratchlm.fileio.why_write_failed) for prepare, a run's
     tokenizer, the run's log and checkpoints: a used-up quota or a file over the size limit is
     said as lack of room everywhere (the log said the system's words for them)."""
-    import scratchlm.data.preparation as preparation
+    from scratchlm.data.writing import ShardWriter
     from scratchlm.training.run_folder import save_run_tokenizer
     from scratchlm.text.tokenizer import CharTokenizer
 
@@ -224,7 +236,7 @@ def test_every_writer_says_a_failed_write_in_the_same_words(tmp_path, monkeypatc
     with pytest.raises(UserError, match=f"cannot save the checkpoint: {re.escape(said)}; nothing was replaced"):
         raise ck._write_failed(tmp_path / "ckpt", OSError(code, os.strerror(code)))
     cfg = DataConfig(data=str(write_text(tmp_path / "t.txt")), tokenizer="char")
-    monkeypatch.setattr(preparation, "_copy_tokens", failing)
+    monkeypatch.setattr(ShardWriter, "write", _fail_after_writing(code))
     if code == errno.EACCES:  # not lack of room: the system's own error goes on (the CLI words it)
         with pytest.raises(PermissionError):
             prepare(cfg, tmp_path / "out", progress=False)

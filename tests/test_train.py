@@ -314,13 +314,13 @@ def test_sigterm_saves_a_checkpoint_and_the_run_resumes(tmp_path):
 
 def test_final_validation_loss_covers_the_whole_split(tmp_path):
     """The last evaluation equals a by-hand pass over every window of the validation tokens."""
-    from scratchlm.data import read_shard
+    from scratchlm.data import read_split
 
     data = write_text(tmp_path / "text.txt")
     result = train(tiny_config(tmp_path, data, max_steps=3, eval_interval=0))
     model, _, _ = ck.load_model(result.run_dir)
     records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
-    val = read_shard(Path(records[0]["data_dir"]) / "val.bin")
+    val = read_split(records[0]["data_dir"], "val")
     T = model.config.block_size
     losses = []
     with torch.no_grad():

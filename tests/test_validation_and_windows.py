@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from scratchlm.data import BatchStream, read_shard
+from scratchlm.data import BatchStream, read_split
 from scratchlm.training import checkpoint as ck
 from scratchlm.training.train import TrainConfig, train
 
@@ -62,7 +62,7 @@ def test_mid_run_validation_is_the_validation_loss_with_dropout_off(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     [logged] = [r["val_loss"] for r in records if r["event"] == "eval" and r["step"] == 2]
     data_dir = Path(records[0]["data_dir"])
-    val, trn = read_shard(data_dir / "val.bin"), read_shard(data_dir / "train.bin")
+    val, trn = read_split(data_dir, "val"), read_split(data_dir, "train")
     model, _, _ = ck.load_model(tmp_path / "run" / "ckpt-00000002")  # eval mode
     want = _loss_by_hand(model, BatchStream(val, B, T, seed=seed + 1), iters)
     assert logged == pytest.approx(want, rel=1e-5)
