@@ -8,6 +8,8 @@
                                             # every run includes it, and it skips itself without CUDA
     python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
     python -m benchmarks --only decode      # some benchmarks; merged into today's file
+    python -m benchmarks --only prepare-stream  # prepare on a generated 1 GB corpus (.txt and .jsonl),
+                                            # beside tiktoken's batch encoder (minutes; --quick: 30 MB)
                                             # (decode: torch's threads; decode-1t: one thread;
                                             # serve: needs Chromium and playwright, else skips)
     python -m benchmarks --page-only        # just regenerate docs/results.md from the newest file
@@ -42,7 +44,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
-BENCHMARKS = ("prepare", "decode-1t", "decode", "train", "train-gpu", "serve", "time_to_loss", "time_to_loss-nobf16")
+BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "time_to_loss", "time_to_loss-nobf16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -88,6 +90,17 @@ def _bench_prepare(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_prepare
 
     return bench_prepare.run(repeats=1 if quick else repeats)
+
+
+PREPARE_STREAM_MB = 1000  # the issue's size: about 1 GB of text, written as .txt and as .jsonl
+
+
+def _bench_prepare_stream(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_prepare_stream  # skips itself without the offline GPT-2 rank file
+
+    # One run of each: at 1 GB a run takes minutes, long enough to average the machine's noise within it
+    # (python benchmarks/bench_prepare_stream.py --repeat N for more).
+    return bench_prepare_stream.run(size_mb=30 if quick else PREPARE_STREAM_MB, repeats=1)
 
 
 def _bench_decode(quick: bool, repeats: int, threads: int | None = None) -> dict[str, Any]:
@@ -149,7 +162,7 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
-    "prepare": _bench_prepare, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
+    "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
     "serve": _bench_serve, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
@@ -206,6 +219,8 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
     if name == "prepare":
         rows.append(("prepare", f"`{r['command']}`, end to end", _num(r["min_s"], 2), _num(r["median_s"], 2), "s"))
         rows.append(("prepare", "text throughput, end to end", "", _num(r["median_mb_per_s"], 2), "MB/s"))
+    elif name == "prepare-stream":
+        rows += _prepare_stream_rows(r)
     elif name.startswith("decode"):
         if r.get("bf16_kernel"):
             rows.append((f"decode, {r.get('threads', '?')} thr", f"bf16 gemv kernel: {r['bf16_kernel'].split(':')[0]}",
@@ -280,6 +295,25 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
             rows.append((where, f"{text}: at steps {steps}, val {losses}{'' if s['reached'] else ' (not reached)'}",
                          _num(s["min_s"]), _num(s["median_s"]), "s"))
             rows.append((where, f"{text} tokens/s", "", _num(s["median_tokens_per_s"], 0), "tok/s"))
+    return rows
+
+
+def _prepare_stream_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """prepare on a generated corpus (.txt, .jsonl) beside tiktoken's batch encoder, same threads."""
+    if "skipped" in r:
+        return [("prepare-stream", f"skipped: {r['skipped']}", "", "", "")]
+    rows = []
+    for kind, f in r.get("files", {}).items():
+        where = f"prepare {f['input_mb']:,.0f} MB .{kind}, gpt2, {r['workers']} thr"
+        peer = f["tiktoken"]
+        rows += [
+            (where, "`scratchlm prepare`, end to end", _num(f["min_s"], 2), _num(f["median_s"], 2), "s"),
+            (where, "`scratchlm prepare` text throughput, end to end", _num(f["best_mb_per_s"], 2),
+             _num(f["median_mb_per_s"], 2), "MB/s"),
+            (where, f"tiktoken encode_ordinary_batch (peer), encoding only (prepare at {f['ratio']:.2f}x)",
+             _num(peer["best_mb_per_s"], 2), _num(peer["median_mb_per_s"], 2), "MB/s"),
+            (where, "`scratchlm prepare` peak memory (RSS)", "", _num(f["peak_rss_mb"], 0), "MB"),
+        ]
     return rows
 
 

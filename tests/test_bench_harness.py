@@ -146,9 +146,49 @@ def test_rows_for_time_to_loss_and_train():
     ]
 
 
-@pytest.mark.parametrize("name", ["prepare", "decode-1t", "decode", "train", "time_to_loss"])
+@pytest.mark.parametrize("name", ["prepare", "prepare-stream", "decode-1t", "decode", "train", "time_to_loss"])
 def test_every_benchmark_has_a_runner(name):
     assert name in harness.RUNNERS
+
+
+def test_prepare_stream_rows_and_targets():
+    from benchmarks.bench_prepare_stream import targets
+
+    f = {"input_mb": 1000.2, "min_s": 100.0, "median_s": 110.0, "best_mb_per_s": 10.0, "median_mb_per_s": 9.09,
+         "peak_rss_mb": 412.3, "ratio": 0.95, "tiktoken": {"best_mb_per_s": 10.5, "median_mb_per_s": 9.57}}
+    files = {"txt": f, "jsonl": {**f, "peak_rss_mb": 1100.0, "ratio": 0.5}}
+    r = {"workers": 2, "files": files, "targets": targets(files)}
+    rows = harness.rows_for("prepare-stream", {"result": r})
+    assert rows[0] == ("prepare 1,000 MB .txt, gpt2, 2 thr", "`scratchlm prepare`, end to end", "100.00", "110.00", "s")
+    assert rows[2][1] == "tiktoken encode_ordinary_batch (peer), encoding only (prepare at 0.95x)"
+    assert rows[3] == ("prepare 1,000 MB .txt, gpt2, 2 thr", "`scratchlm prepare` peak memory (RSS)", "", "412", "MB")
+    assert len(rows) == 8
+    assert [t["met"] for t in r["targets"]] == [True, True, False, False]
+    md = harness.markdown({**_fake_results(), "benchmarks": {"prepare-stream": {"result": r, "load_average_start": [1, 0, 0]}}})
+    assert "| prepare-stream .txt peak memory, MB | 412.30 | <= 1024.0 | met |" in md
+    assert "| prepare-stream .jsonl MB/s / tiktoken encode_ordinary_batch MB/s | 0.50 | >= 0.9 | **not met** |" in md
+    skipped = harness.rows_for("prepare-stream", {"result": {"skipped": "no GPT-2 rank file", "targets": []}})
+    assert skipped == [("prepare-stream", "skipped: no GPT-2 rank file", "", "", "")]
+
+
+def test_prepare_stream_corpus_is_seeded_and_the_same_documents_in_both_files(tmp_path: Path, monkeypatch):
+    from benchmarks import bench_prepare_stream
+    from benchmarks.bench_prepare_stream import write_corpus
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir()
+    b.mkdir()
+    first, second = write_corpus(a, 0.2, seed=1), write_corpus(b, 0.2, seed=1)
+    for kind in ("txt", "jsonl"):
+        assert first["paths"][kind].read_bytes() == second["paths"][kind].read_bytes()
+    docs = [json.loads(line)["text"] for line in first["paths"]["jsonl"].read_text(encoding="utf-8").splitlines()]
+    assert len(docs) == first["documents"] > 1
+    assert "\n\n".join(docs) + "\n\n" == first["paths"]["txt"].read_text(encoding="utf-8")
+    assert abs(first["txt_mb"] - 0.2) < 0.05 and any("\u3002" in d for d in docs)  # some Chinese lines
+    monkeypatch.setattr(bench_prepare_stream, "PEER_PIECE_CHARS", 5000)  # the peer's pieces: the text, cut at line ends
+    pieces = list(bench_prepare_stream._txt_pieces(first["paths"]["txt"]))
+    assert len(pieces) > 10 and "".join(pieces) == first["paths"]["txt"].read_text(encoding="utf-8")
+    assert all(p[-2:-1].strip() and p.endswith("\n") and pieces[i + 1][0].strip() for i, p in enumerate(pieces[:-1]))
 
 
 def test_time_to_loss_target_is_the_fastest_preset_that_reached_the_loss_against_the_peer():
