@@ -188,8 +188,8 @@ def _fail_after_writing(code: int):
 
     real_write = ShardWriter.write
 
-    def write_then_fail(self, ids):
-        real_write(self, ids)
+    def write_then_fail(self, ids, nbytes=None):
+        real_write(self, ids, nbytes)
         raise OSError(code, os.strerror(code))
 
     return write_then_fail

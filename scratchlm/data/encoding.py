@@ -40,6 +40,9 @@ class Encoded:
     starts: np.ndarray
     """Offsets in ids of the BOS ids (int64)."""
     text_bytes: int
+    """UTF-8 bytes of the batch's text."""
+    token_bytes: int
+    """Bytes its ids stand for (token_byte_lengths: special and unknown ids stand for none)."""
     input_bytes: int
     """Bytes of the input files read to make this batch (for the progress bar)."""
 
@@ -55,11 +58,14 @@ class Stream:
     text_bytes: int
 
 
-def _encode_batch(tok, pieces: list[Piece], input_bytes: int) -> Encoded:
+def _encode_batch(tok, pieces: list[Piece], input_bytes: int, dtype: np.dtype, lengths: np.ndarray) -> Encoded:
+    """Everything that can run beside the other threads does: encode, join, narrow to the
+    shard's dtype, count bytes. A byte-level tokenizer's ids spell the text's UTF-8 bytes
+    exactly, so their lengths give its size without encoding the text a second time."""
     arrays: list[np.ndarray] = []
     starts: list[int] = []
-    at = text_bytes = 0
-    bos = np.array([tok.bos_id], dtype=np.int64)
+    at = 0
+    bos = np.array([tok.bos_id], dtype=np.uint32)
     for piece in pieces:
         if piece.first:
             arrays.append(bos)
@@ -68,9 +74,10 @@ def _encode_batch(tok, pieces: list[Piece], input_bytes: int) -> Encoded:
         ids = tok.encode_array(piece.text)
         arrays.append(ids)
         at += len(ids)
-        text_bytes += len(piece.text.encode("utf-8"))
-    ids = np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.int64)
-    return Encoded(ids, np.array(starts, dtype=np.int64), text_bytes, input_bytes)
+    ids = (np.concatenate(arrays) if arrays else np.zeros(0, dtype=np.uint32)).astype(dtype, copy=False)
+    token_bytes = int(lengths[ids].sum())
+    text_bytes = token_bytes if tok.cut_rule == "gpt2" else sum(len(p.text.encode("utf-8")) for p in pieces)
+    return Encoded(ids, np.array(starts, dtype=np.int64), text_bytes, token_bytes, input_bytes)
 
 
 def _batches(pieces: Iterable[tuple[Piece, int]]) -> Iterator[tuple[list[Piece], int]]:
@@ -87,13 +94,14 @@ def _batches(pieces: Iterable[tuple[Piece, int]]) -> Iterator[tuple[list[Piece],
         yield batch, read
 
 
-def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int) -> Iterator[Encoded]:
+def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int, dtype: np.dtype) -> Iterator[Encoded]:
     """Each batch of pieces encoded on the pool, yielded in the order of the pieces."""
+    lengths = tok.token_byte_lengths()
     pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scratchlm-encode")
     waiting: deque = deque()
     try:
         for batch, read in _batches(pieces):
-            waiting.append(pool.submit(_encode_batch, tok, batch, read))
+            waiting.append(pool.submit(_encode_batch, tok, batch, read, dtype, lengths))
             if len(waiting) >= 2 * workers:
                 yield waiting.popleft().result()
         while waiting:
@@ -108,9 +116,9 @@ def encode_to_parts(tok, pieces: Iterable[tuple[Piece, int]], writer: ShardWrite
     documents = text_bytes = 0
     try:
         with open(positions, "wb") as pos_file:
-            for enc in encode_in_order(tok, pieces, workers):
+            for enc in encode_in_order(tok, pieces, workers, writer.dtype):
                 (enc.starts + writer.total).astype(np.uint64).tofile(pos_file)
-                writer.write(enc.ids)
+                writer.write(enc.ids, enc.token_bytes)
                 documents += len(enc.starts)
                 text_bytes += enc.text_bytes
                 bar.update(enc.input_bytes)

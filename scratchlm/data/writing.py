@@ -47,7 +47,8 @@ class ShardWriter:
         self._file: BinaryIO | None = None
         self._count = self._bytes = 0
 
-    def write(self, ids: np.ndarray) -> None:
+    def write(self, ids: np.ndarray, nbytes: int | None = None) -> None:
+        """Append ids; `nbytes`, the bytes they stand for, when the caller counted them already."""
         ids = np.asarray(ids)
         while len(ids):
             if self._file is None:
@@ -56,7 +57,9 @@ class ShardWriter:
             part, ids = ids[:room], ids[room:]
             part.astype(self.dtype, copy=False).tofile(self._file)
             self._count += len(part)
-            self._bytes += int(self.byte_lengths[part].sum())
+            whole = nbytes is not None and not len(ids)  # all of them went into this shard
+            self._bytes += nbytes if whole else int(self.byte_lengths[part].sum())
+            nbytes = None
             if self._count == self.shard_tokens:
                 self._finish()
         self.total = sum(s.tokens for s in self.shards) + self._count
