@@ -179,8 +179,10 @@ open(sys.argv[1], "w").write(json.dumps({"rc": rc, "wall_s": wall, "maxrss": pea
 
 def measure(cmd: list[str], log: Path) -> dict[str, Any]:
     """Run cmd in a fresh process (stdout and stderr to `log`): its wall clock, start-up
-    included, and its peak RSS (the wrapper's RUSAGE_CHILDREN: that one process)."""
+    included, and its peak RSS (the wrapper's RUSAGE_CHILDREN: that one process). Dirty pages
+    are written out first, so a run does not pay for flushing what came before it."""
     report = log.with_suffix(".rusage.json")
+    os.sync()  # the corpus just written (or the last run's output) is flushed first, not during this run
     with open(log, "wb") as out:
         subprocess.run([sys.executable, "-c", WRAPPER, str(report), *cmd], stdout=out, stderr=subprocess.STDOUT,
                        cwd=ROOT, check=True)
@@ -306,10 +308,13 @@ def default_workers() -> int:
 
 
 def _summary(prepare: list[dict], tiktoken: list[dict]) -> dict[str, Any]:
-    """Figures of one file over its runs: medians for the ratio, the largest peak for memory."""
+    """Figures of one file over its runs: the median of the pairs' ratios (each pair measured
+    back to back, as this shared machine's speed drifts by tens of percent over minutes), the
+    largest peak for memory."""
     walls = [r["wall_s"] for r in prepare]
     ours = statistics.median(r["mb_per_s"] for r in prepare)
     theirs = statistics.median(r["mb_per_s"] for r in tiktoken)
+    pair_ratios = [p["mb_per_s"] / t["mb_per_s"] for p, t in zip(prepare, tiktoken)]
     return {
         "input_mb": prepare[0]["input_mb"], "min_s": min(walls), "median_s": statistics.median(walls),
         "best_mb_per_s": max(r["mb_per_s"] for r in prepare), "median_mb_per_s": ours,
@@ -319,7 +324,7 @@ def _summary(prepare: list[dict], tiktoken: list[dict]) -> dict[str, Any]:
                      "median_encode_s": statistics.median(r["encode_s"] for r in tiktoken),
                      "peak_rss_mb": max(r["peak_rss_mb"] for r in tiktoken), "tokens": tiktoken[0]["tokens"],
                      "runs": tiktoken},
-        "ratio": ours / theirs,
+        "ratio": statistics.median(pair_ratios), "pair_ratios": pair_ratios,
         # the same ids from both: prepare's count less one BOS per document is the peer's count
         "same_token_count": prepare[0]["tokens"] - prepare[0]["documents"] == tiktoken[0]["tokens"],
     }
@@ -352,8 +357,12 @@ def run(size_mb: float = 1000, repeats: int = 1, workers: int | None = None, tok
         for i in range(repeats):
             for kind in KINDS:
                 path = corpus["paths"][kind]
-                p = _prepare_once(path, rank_file, workers, tmp)
-                t = _peer_once(kind, path, rank_file, workers, tmp)
+                if i % 2 == 0:  # the order alternates, so a drift in the machine's speed favours neither
+                    p = _prepare_once(path, rank_file, workers, tmp)
+                    t = _peer_once(kind, path, rank_file, workers, tmp)
+                else:
+                    t = _peer_once(kind, path, rank_file, workers, tmp)
+                    p = _prepare_once(path, rank_file, workers, tmp)
                 runs[kind]["prepare"].append(p)
                 runs[kind]["tiktoken"].append(t)
                 say(f"[{i + 1}/{repeats}] .{kind}: prepare {p['wall_s']:.2f} s = {p['mb_per_s']:.1f} MB/s end to end, "

@@ -98,9 +98,9 @@ PREPARE_STREAM_MB = 1000  # the issue's size: about 1 GB of text, written as .tx
 def _bench_prepare_stream(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_prepare_stream  # skips itself without the offline GPT-2 rank file
 
-    # One run of each: at 1 GB a run takes minutes, long enough to average the machine's noise within it
-    # (python benchmarks/bench_prepare_stream.py --repeat N for more).
-    return bench_prepare_stream.run(size_mb=30 if quick else PREPARE_STREAM_MB, repeats=1)
+    # Three pairs of each, back to back in alternating order: over the minutes a gigabyte takes, this
+    # shared machine's speed drifts by tens of percent, so only pairs measured together compare.
+    return bench_prepare_stream.run(size_mb=30 if quick else PREPARE_STREAM_MB, repeats=3)
 
 
 def _bench_decode(quick: bool, repeats: int, threads: int | None = None) -> dict[str, Any]:
