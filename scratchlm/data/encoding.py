@@ -3,8 +3,8 @@
 The main thread reads and cuts the input (scratchlm.data.reading) and gathers pieces into batches
 of about BATCH_CHARS characters; each batch is encoded on one of `workers` threads. tiktoken (the
 gpt2 and bpe encoders) and NumPy (char) let go of Python's lock while they work, so the threads
-run on separate cores. At most two batches per worker wait or run at a time, so memory holds a
-handful of batches whatever the corpus size. Results are taken in the order the batches were
+run on separate cores. At most IN_FLIGHT batches per worker wait or run at a time, so memory holds
+a few dozen megabytes of text whatever the corpus size. Results are taken in the order the batches were
 made and appended to the shards at once (scratchlm.data.writing).
 """
 from __future__ import annotations
@@ -21,7 +21,11 @@ import numpy as np
 from scratchlm.data.reading import Piece
 from scratchlm.data.writing import Shard, ShardWriter
 
-BATCH_CHARS = 1 << 21
+BATCH_CHARS = 1 << 20
+"""A batch is at least this many characters of pieces (one piece of a long document; many short ones)."""
+IN_FLIGHT = 8
+"""Batches per worker that wait or run at a time: a thread that runs slow (a busy core on a shared
+machine) holds up only its own batch, while the others keep taking work."""
 
 
 def default_workers() -> int:
@@ -102,7 +106,7 @@ def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int, dtyp
     try:
         for batch, read in _batches(pieces):
             waiting.append(pool.submit(_encode_batch, tok, batch, read, dtype, lengths))
-            if len(waiting) >= 2 * workers:
+            if len(waiting) >= IN_FLIGHT * workers:
                 yield waiting.popleft().result()
         while waiting:
             yield waiting.popleft().result()
