@@ -184,6 +184,7 @@ def test_bpe_trains_on_a_bounded_sample_from_every_file(tmp_path, monkeypatch, c
 
 _KILL_AFTER_FIRST_SHARD = """
 import os, signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # a shell that starts jobs in the background ignores it
 import scratchlm.data.writing as writing
 finish = writing.ShardWriter._finish
 def finish_then_stop(self):
