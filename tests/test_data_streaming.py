@@ -131,7 +131,8 @@ def test_a_tokenizer_of_unknown_pre_tokenization_is_never_cut(tmp_path, tiny_pie
 
 @settings(max_examples=150, deadline=None)
 @given(text=st.lists(st.sampled_from([*"ab Z9 .,!-'’\n\t\r", "中文", "，", "。", "\u3000", "\xa0", "\x1c", "\x85", "'s",
-                                      " 's", "'ll", "é", "😀", "\r\n", "   "]), max_size=60).map("".join),
+                                      " 's", "'ll", "é", "😀", "\r\n", "   ", "<|endoftext|>", "<|bos|>"]),
+                     max_size=60).map("".join),
        target=st.integers(1, 12))
 def test_every_cut_keeps_the_ids(text, target):
     """All three kinds of safe place (after a newline, before a space, letter|mark), on text made
@@ -165,6 +166,47 @@ def test_a_run_with_no_safe_place_is_cut_by_force_and_counted(tmp_path, monkeypa
     assert read_meta(out)["forced_cuts"] == 5  # 1001 characters, no safe place: cut at 200, 400, 600, 800, 1000
 
 
+def test_the_bpe_sample_stays_within_its_budget_over_many_small_files(tmp_path, monkeypatch):
+    """Each file gives at most its share, however small the file: 40 files of 2,000 bytes and a
+    budget of 4,000 bytes hand the trainer 4,000 bytes, not 80,000."""
+    import scratchlm.text.tokenizer as tokenizer_module
+
+    monkeypatch.setattr(preparation, "BPE_SAMPLE_BYTES", 4000)
+    for i in range(40):
+        write_file(tmp_path / "in" / f"{i:02d}.txt", f"file {i:02d} says hello\n" * 100)  # 2,000 bytes each
+    seen: list[str] = []
+    train = tokenizer_module.train_tokenizer
+
+    def recording(kind, texts, *args, **kw):
+        return train(kind, (seen.append(t) or t for t in texts), *args, **kw)
+
+    monkeypatch.setattr(tokenizer_module, "train_tokenizer", recording)
+    out = prepare(DataConfig(data=str(tmp_path / "in"), tokenizer="bpe", vocab_size=300), tmp_path / "out", progress=False)
+    assert sum(len(t.encode()) for t in seen) <= 4000 and len(seen) == 40  # 100 bytes from each file
+    assert read_meta(out)["tokenizer_trained_on"].startswith("a sample")
+
+
+def test_a_lone_surrogate_escape_in_jsonl_is_one_error_line_or_replaced(tmp_path):
+    """JSON may spell half a surrogate pair (\\ud83d, a cut emoji); text cannot hold it."""
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "fine line"}\n{"text": "cut emoji \\ud83d here"}\n', encoding="utf-8")
+    with pytest.raises(UserError, match=r"d.jsonl line 2: .* lone surrogate"):
+        prepare(DataConfig(data=str(src), tokenizer="char"), tmp_path / "strict", progress=False)
+    assert not (tmp_path / "strict").exists()
+    out = prepare(DataConfig(data=str(src), tokenizer="char", errors="replace", val_fraction=0.0), tmp_path / "replaced",
+                  progress=False)
+    tok = load_tokenizer(out / "tokenizer")
+    text = tok.decode([t for t in _stream(out) if t != tok.bos_id])
+    assert text == "fine line" + "cut emoji \ufffd here"
+
+
+def test_json_nested_too_deeply_is_one_error_line(tmp_path):
+    src = tmp_path / "d.jsonl"
+    src.write_text('{"text": "ok"}\n' + "[" * 100_000 + "\n", encoding="utf-8")
+    with pytest.raises(UserError, match=r"d.jsonl line 2: not valid JSON \(nested too deeply\)"):
+        prepare(DataConfig(data=str(src), tokenizer="char"), tmp_path / "out", progress=False)
+
+
 def test_bpe_trains_on_a_bounded_sample_from_every_file(tmp_path, monkeypatch, capfd):
     """Over budget, each file gives the front of its share: a word only in a file's tail is
     not learned, words from both files are."""
@@ -175,7 +217,7 @@ def test_bpe_trains_on_a_bounded_sample_from_every_file(tmp_path, monkeypatch, c
     cfg = DataConfig(data=[str(tmp_path / "a.txt"), str(tmp_path / "b.txt")], tokenizer="bpe", vocab_size=300)
     out = prepare(cfg, tmp_path / "out", progress=False)
     assert read_meta(out)["tokenizer_trained_on"].startswith("a sample")
-    assert "training the bpe tokenizer on a sample" in capfd.readouterr().err
+    assert "trained the bpe tokenizer on a sample" in capfd.readouterr().err
     vocab = load_tokenizer(out / "tokenizer")._tok.get_vocab()
     assert "Ġbanana" in vocab and "Ġpapaya" in vocab and "Ġquokka" not in vocab
 

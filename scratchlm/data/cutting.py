@@ -88,8 +88,10 @@ class Cutter:
             if cut == -1 or cut - start > self.max_chars:
                 if len(text) - start <= self.max_chars:
                     break  # more text may bring a safe place (or the end)
-                cut = start + self.max_chars
-                self.forced += 1
+                cut = find_cut(text, start + 1, self.rule)  # a shorter piece, if there is a safe place at all
+                if cut == -1 or cut - start > self.max_chars:
+                    cut = start + self.max_chars
+                    self.forced += 1
             pieces.append(text[start:cut])
             start = cut
         rest = text[start:]

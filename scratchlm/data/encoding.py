@@ -3,8 +3,8 @@
 The main thread reads and cuts the input (scratchlm.data.reading) and gathers pieces into batches
 of about BATCH_CHARS characters; each batch is encoded on one of `workers` threads. tiktoken (the
 gpt2 and bpe encoders) and NumPy (char) let go of Python's lock while they work, so the threads
-run on separate cores. At most IN_FLIGHT batches per worker wait or run at a time, so memory holds
-a few dozen megabytes of text whatever the corpus size. Results are taken in the order the batches were
+run on separate cores. At most IN_FLIGHT batches per worker wait or run at a time (two on a machine
+with many cores), so memory holds a few dozen megabytes of text per core whatever the corpus size. Results are taken in the order the batches were
 made and appended to the shards at once (scratchlm.data.writing).
 """
 from __future__ import annotations
@@ -25,7 +25,9 @@ BATCH_CHARS = 1 << 20
 """A batch is at least this many characters of pieces (one piece of a long document; many short ones)."""
 IN_FLIGHT = 8
 """Batches per worker that wait or run at a time: a thread that runs slow (a busy core on a shared
-machine) holds up only its own batch, while the others keep taking work."""
+machine) holds up only its own batch, while the others keep taking work. Past MAX_IN_FLIGHT
+batches in all, two per worker."""
+MAX_IN_FLIGHT = 32
 
 
 def default_workers() -> int:
@@ -106,7 +108,7 @@ def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int, dtyp
     try:
         for batch, read in _batches(pieces):
             waiting.append(pool.submit(_encode_batch, tok, batch, read, dtype, lengths))
-            if len(waiting) >= IN_FLIGHT * workers:
+            if len(waiting) >= max(2 * workers, min(IN_FLIGHT * workers, MAX_IN_FLIGHT)):
                 yield waiting.popleft().result()
         while waiting:
             yield waiting.popleft().result()
@@ -127,6 +129,7 @@ def encode_to_parts(tok, pieces: Iterable[tuple[Piece, int]], writer: ShardWrite
                 text_bytes += enc.text_bytes
                 bar.update(enc.input_bytes)
                 bar.set_postfix_str(f"{writer.total:,} tokens", refresh=False)
+        bar.update(max(0, bar.total - bar.n))  # bytes of empty documents, blank lines and null rows
         parts = writer.close()
     finally:
         writer.abandon()

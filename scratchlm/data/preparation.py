@@ -29,6 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -46,46 +47,58 @@ from scratchlm.fileio import cache_home, out_of_room, why_write_failed
 # stage 2: the tokenizer
 
 
-def _sample(sources: list[Source], errors: str, budget: int):
-    """(piece texts, a line saying what they are): the whole input when it fits in `budget`
-    bytes, else from each file the front share of the budget its size earns (at least a piece)."""
-    total = sum(s.path.stat().st_size for s in sources)
-    cutter = Cutter("gpt2")
-    if total <= budget:
-        return (p.text for p, _ in iter_pieces(sources, errors, cutter)), "the whole input"
+class _Sample:
+    """The texts BPE trains on: at most `budget` UTF-8 bytes in all, each file giving the front
+    of its share (by size) when the input is larger. `cut` is set once a file's share ran out
+    before its text did."""
 
-    def sampled():
-        for source in sources:
-            share, read = budget * source.path.stat().st_size // total, 0
-            for piece, n in source_pieces(source, errors, cutter):
-                yield piece.text
-                read += n
-                if read >= share:
+    def __init__(self, sources: list[Source], errors: str, budget: int):
+        self.sources, self.errors, self.budget, self.cut = sources, errors, budget, False
+        self.total = sum(s.path.stat().st_size for s in sources)
+
+    def __iter__(self) -> Iterator[str]:
+        cutter, left = Cutter("gpt2"), self.budget
+        for source in self.sources:
+            share = left if self.total <= self.budget else self.budget * source.path.stat().st_size // self.total
+            share = min(share, left)
+            for piece, _ in source_pieces(source, self.errors, cutter):
+                data = piece.text.encode("utf-8")
+                if len(data) > share:
+                    self.cut = True
+                    data = data[:share]
+                share -= len(data)
+                left -= len(data)
+                if data:
+                    yield data.decode("utf-8", "ignore")  # a character cut in two at the end is dropped
+                if share <= 0:
                     break
 
-    return sampled(), (f"a sample: the first {budget / 1e6:.0f} MB of the input's {total / 1e6:.0f} MB, "
-                       "each file giving its share")
+    def said(self) -> str:
+        if not self.cut:
+            return "the whole input"
+        return (f"a sample: the first {self.budget / 1e6:.0f} MB of the input's {self.total / 1e6:.0f} MB, "
+                "each file giving its share")
 
 
 def _build_tokenizer(cfg: DataConfig, sources: list[Source]):
-    """(tokenizer, what it was trained on, None for a loaded one): char reads every character of the input (streamed);
-    bpe trains on a bounded sample; gpt2 and a tokenizer file are loaded."""
+    """(tokenizer, what it was trained on, None for a loaded one): char reads every character of
+    the input (streamed); bpe trains on a bounded sample (_Sample); gpt2 and a tokenizer file
+    are loaded."""
     from scratchlm.text.tokenizer import get_tokenizer, train_tokenizer
 
     if cfg.tokenizer_file is not None or cfg.tokenizer == "gpt2":
         return get_tokenizer(cfg.tokenizer, tokenizer_file=cfg.tokenizer_file), None
-    if cfg.tokenizer == "char":
-        texts, what = (p.text for p, _ in iter_pieces(sources, cfg.errors, Cutter("anywhere"))), "the whole input"
-    else:
-        texts, what = _sample(sources, cfg.errors, BPE_SAMPLE_BYTES)
-        if what != "the whole input":
-            print(f"training the bpe tokenizer on {what}", file=sys.stderr)
-    texts = iter(texts)
+    sample = _Sample(sources, cfg.errors, BPE_SAMPLE_BYTES) if cfg.tokenizer == "bpe" else None
+    texts = iter(sample if sample is not None else (p.text for p, _ in iter_pieces(sources, cfg.errors, Cutter("anywhere"))))
     first = next(texts, None)
     if first is None:
         raise UserError(f"no text found in {', '.join(cfg.paths)}: every input document is empty")
     vocab = (cfg.vocab_size or DEFAULT_BPE_VOCAB) if cfg.tokenizer == "bpe" else None
-    return train_tokenizer(cfg.tokenizer, _chain(first, texts), vocab, unk=cfg.char_unk), what
+    tok = train_tokenizer(cfg.tokenizer, _chain(first, texts), vocab, unk=cfg.char_unk)
+    what = sample.said() if sample is not None else "the whole input"
+    if sample is not None and sample.cut:
+        print(f"trained the bpe tokenizer on {what}", file=sys.stderr)
+    return tok, what
 
 
 def _chain(first, rest):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -97,23 +98,41 @@ def _text_blocks(path: Path, errors: str) -> Iterator[tuple[str, int]]:
                 return
 
 
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
 def _jsonl_documents(path: Path, errors: str) -> Iterator[tuple[str, int]]:
     offset = 0
     with open(path, "rb") as f:
         for lineno, raw in enumerate(f, 1):
             start, offset = offset, offset + len(raw)
-            if not raw.strip():
+            if not (raw[3:] if lineno == 1 and raw.startswith(codecs.BOM_UTF8) else raw).strip():
                 yield "", len(raw)
                 continue
             line = _decode(raw, errors, f"{path} line {lineno}", start)
             line = without_bom(line) if lineno == 1 else line
             try:
                 record = json.loads(line)
-            except ValueError as exc:
-                raise UserError(f"{path} line {lineno}: not valid JSON ({exc.args[0]})") from None
+            except (ValueError, RecursionError) as exc:
+                why = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
+                raise UserError(f"{path} line {lineno}: not valid JSON ({why})") from None
             if not isinstance(record, dict) or not isinstance(record.get("text"), str):
                 raise UserError(f"{path} line {lineno}: expected a JSON object with a string field \"text\"")
-            yield record["text"], len(raw)
+            text = record["text"]
+            if _SURROGATE_ESCAPE.search(raw):  # \ud83d alone: JSON allows it, Unicode text cannot hold it
+                text = _without_lone_surrogates(text, errors, f"{path} line {lineno}")
+            yield text, len(raw)
+
+
+def _without_lone_surrogates(text: str, errors: str, where: str) -> str:
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        if errors == "strict":
+            raise UserError(f"{where}: \"text\" holds a lone surrogate escape (half of a \\uXXXX pair), which is not "
+                            "text; fix the line or pass --errors replace") from None
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def _parquet_documents(path: Path) -> Iterator[tuple[str, int]]:
@@ -133,12 +152,20 @@ def _parquet_documents(path: Path) -> Iterator[tuple[str, int]]:
         raise UserError(f"{path}: parquet column \"text\" holds {column_type}, not strings")
     size, rows = path.stat().st_size, max(1, pf.metadata.num_rows)
     done = 0
-    for batch in pf.iter_batches(batch_size=PARQUET_ROWS, columns=["text"]):
-        values = batch.column(0).to_pylist()
-        for i, value in enumerate(values):
-            later = size * (done + i + 1) // rows - size * (done + i) // rows
-            yield (value or ""), later
-        done += len(values)
+    batches = pf.iter_batches(batch_size=PARQUET_ROWS, columns=["text"])
+    with pf:
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise UserError(f"{path}: cannot read row {done + 1:,} on ({exc})") from None
+            if batch is None:
+                return
+            values = batch.column(0).to_pylist()
+            for i, value in enumerate(values):
+                later = size * (done + i + 1) // rows - size * (done + i) // rows
+                yield (value or ""), later
+            done += len(values)
 
 
 def _whole_documents(source: Source, errors: str) -> Iterator[tuple[str, int]]:

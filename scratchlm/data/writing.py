@@ -134,9 +134,12 @@ def split_tail(parts: list[Shard], n_train: int, folder: Path, dtype: np.dtype,
             for side, prefix, a, b in ((train, "train", 0, n_train - pos), (val, "val", n_train - pos, part.tokens)):
                 writer = ShardWriter(folder, prefix, dtype, max(1, b - a), byte_lengths)
                 writer.shards = list(side)
-                for block in read_ids(folder / part.name, dtype, a, b):
-                    writer.write(block)
-                side[:] = writer.close()
+                try:
+                    for block in read_ids(folder / part.name, dtype, a, b):
+                        writer.write(block)
+                    side[:] = writer.close()
+                finally:
+                    writer.abandon()
             (folder / part.name).unlink()
         pos = end
     return train or _empty(folder, "train", dtype), val or _empty(folder, "val", dtype)
