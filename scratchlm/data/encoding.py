@@ -4,8 +4,9 @@ The main thread reads and cuts the input (scratchlm.data.reading) and gathers pi
 of about BATCH_CHARS characters; each batch is encoded on one of `workers` threads. tiktoken (the
 gpt2 and bpe encoders) and NumPy (char) let go of Python's lock while they work, so the threads
 run on separate cores. At most IN_FLIGHT batches per worker wait or run at a time (two on a machine
-with many cores), so memory holds a few dozen megabytes of text per core whatever the corpus size. Results are taken in the order the batches were
-made and appended to the shards at once (scratchlm.data.writing).
+with many cores), so memory holds a few dozen megabytes of text per core whatever the corpus size.
+Results are taken in the order the batches were made and appended to the shards at once
+(scratchlm.data.writing).
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ from typing import Iterator
 from scratchlm.data.config import TEXT_SUFFIXES, DataConfig
 from scratchlm.data.cutting import Cutter
 from scratchlm.errors import UserError
-from scratchlm.text.text_files import BOM, without_bom
+from scratchlm.text.text_files import without_bom
 
 READ_BYTES = 1 << 20
 PARQUET_ROWS = 1024
@@ -91,7 +91,7 @@ def _text_blocks(path: Path, errors: str) -> Iterator[tuple[str, int]]:
                 raise UserError(f"{path}: invalid UTF-8 at byte offset {read - pending + exc.start}; "
                                 "fix the file or pass --errors replace") from None
             if start and text:
-                text, start = text[len(BOM):] if text.startswith(BOM) else text, False
+                text, start = without_bom(text), False
             read += len(block)
             yield text, len(block)
             if not block:
