@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,8 @@ def test_streamed_gpt2_ids_equal_one_shot(tmp_path, tiny_pieces):
     tok = get_tokenizer("gpt2", tokenizer_file=RANK_FILE)
     assert _stream(out) == _one_shot(tok.encode, tok.bos_id, docs)
     assert len(read_meta(out)["shards"]["train"]) > 3  # the stream did span shards
+    own = tok.for_thread()  # what each worker encodes with: a core of its own, the same ids
+    assert own._enc._core_bpe is not tok._enc._core_bpe and own.encode(POEM * 3) == tok.encode(POEM * 3)
 
 
 def test_streamed_bpe_ids_equal_hugging_faces_one_shot(tmp_path, tiny_pieces):
@@ -305,6 +308,28 @@ def test_workers_do_not_change_the_output(tmp_path, tiny_pieces):
     assert {k: v for k, v in read_meta(one).items() if k not in ("seconds", "workers")} == \
         {k: v for k, v in read_meta(two).items() if k not in ("seconds", "workers")}
     assert os.path.getsize(one / "train-00000.bin") > 0
+
+
+def test_each_worker_encodes_with_a_tiktoken_core_of_its_own(tmp_path, tiny_pieces, monkeypatch):
+    """Threads sharing one tiktoken core share its regex caches and lose them to each other (2-3x
+    the CPU): each worker takes its own copy, and the copy gives Hugging Face's own ids."""
+    from scratchlm.text.tokenizer import BPETokenizer
+
+    made: list[tuple[int, object, object]] = []
+    real = BPETokenizer.for_thread
+
+    def spy(self):
+        twin = real(self)
+        made.append((threading.get_ident(), self._fast, twin._fast))
+        return twin
+
+    monkeypatch.setattr(BPETokenizer, "for_thread", spy)
+    out, docs = _prepared(tmp_path, "bpe", vocab_size=400)
+    tok = load_tokenizer(out / "tokenizer")
+    assert _stream(out) == _one_shot(tok.encode_reference, tok.bos_id, docs)
+    assert 1 <= len(made) <= 2 and len({t for t, _, _ in made}) == len(made)  # one copy per pool thread
+    assert all(own is not None and own._core_bpe is not shared._core_bpe for _, shared, own in made)
+    assert len({id(own._core_bpe) for _, _, own in made}) == len(made)
 
 
 def test_the_large_corpus_section_names_the_code_s_limits():

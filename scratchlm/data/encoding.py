@@ -3,7 +3,8 @@
 The main thread reads and cuts the input (scratchlm.data.reading) and gathers pieces into batches
 of about BATCH_CHARS characters; each batch is encoded on one of `workers` threads. tiktoken (the
 gpt2 and bpe encoders) and NumPy (char) let go of Python's lock while they work, so the threads
-run on separate cores. At most IN_FLIGHT batches per worker wait or run at a time (two on a machine
+run on separate cores. Each thread encodes with its own copy of the tokenizer (`for_thread`):
+threads sharing one tiktoken core also share its regex caches, and lose them to each other. At most IN_FLIGHT batches per worker wait or run at a time (two on a machine
 with many cores), so memory holds a few dozen megabytes of text per core whatever the corpus size.
 Results are taken in the order the batches were made and appended to the shards at once
 (scratchlm.data.writing).
@@ -11,6 +12,7 @@ Results are taken in the order the batches were made and appended to the shards 
 from __future__ import annotations
 
 import os
+import threading
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -65,10 +67,19 @@ class Stream:
     text_bytes: int
 
 
-def _encode_batch(tok, pieces: list[Piece], input_bytes: int, dtype: np.dtype, lengths: np.ndarray) -> Encoded:
+_worker = threading.local()
+"""Each pool thread's own tokenizer (`.tok`), set when the thread starts."""
+
+
+def _start_worker(tok) -> None:
+    _worker.tok = tok.for_thread()
+
+
+def _encode_batch(pieces: list[Piece], input_bytes: int, dtype: np.dtype, lengths: np.ndarray) -> Encoded:
     """Everything that can run beside the other threads does: encode, join, narrow to the
     shard's dtype, count bytes. A byte-level tokenizer's ids spell the text's UTF-8 bytes
     exactly, so their lengths give its size without encoding the text a second time."""
+    tok = _worker.tok
     arrays: list[np.ndarray] = []
     starts: list[int] = []
     at = 0
@@ -104,11 +115,12 @@ def _batches(pieces: Iterable[tuple[Piece, int]]) -> Iterator[tuple[list[Piece],
 def encode_in_order(tok, pieces: Iterable[tuple[Piece, int]], workers: int, dtype: np.dtype) -> Iterator[Encoded]:
     """Each batch of pieces encoded on the pool, yielded in the order of the pieces."""
     lengths = tok.token_byte_lengths()
-    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scratchlm-encode")
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="scratchlm-encode",
+                              initializer=_start_worker, initargs=(tok,))
     waiting: deque = deque()
     try:
         for batch, read in _batches(pieces):
-            waiting.append(pool.submit(_encode_batch, tok, batch, read, dtype, lengths))
+            waiting.append(pool.submit(_encode_batch, batch, read, dtype, lengths))
             if len(waiting) >= max(2 * workers, min(IN_FLIGHT * workers, MAX_IN_FLIGHT)):
                 yield waiting.popleft().result()
         while waiting:
