@@ -143,7 +143,8 @@ def _run_train(args) -> int:
 def _add_prepare(sub) -> None:
     p = sub.add_parser("prepare", help="tokenize text into train/val token shards (and a tokenizer)")
     p.add_argument("--data", nargs="+", default=["shakespeare"], metavar="SOURCE",
-                   help="`shakespeare` (built in), or .txt/.jsonl/.parquet files and folders (default: shakespeare)")
+                   help="`shakespeare` or `tang` (built in; `tang-traditional` keeps the poems' characters), or "
+                        ".txt/.jsonl/.parquet files and folders (default: shakespeare)")
     p.add_argument("--tokenizer", choices=["char", "bpe", "gpt2"], default="bpe", help="tokenizer kind (default: bpe)")
     p.add_argument("--vocab-size", type=int, default=None, help="bpe: vocabulary size to train (default: 8192)")
     p.add_argument("--tokenizer-file", default=None,

@@ -9,6 +9,9 @@ from dataclasses import dataclass
 from scratchlm.errors import ConfigError
 
 TEXT_SUFFIXES = (".txt", ".jsonl", ".parquet")
+BUILT_IN = ("shakespeare", "tang", "tang-traditional")
+"""The built-in corpora --data names: Shakespeare's plays, and the Tang poems in simplified or
+traditional characters (scratchlm.text.corpus, scratchlm.text.tang)."""
 SPLITS = ("tail", "documents")
 ERRORS = ("strict", "replace")
 DEFAULT_BPE_VOCAB = 8192
@@ -27,7 +30,8 @@ class DataConfig:
     """Where the text comes from and how it becomes token shards. Saved inside every checkpoint."""
 
     data: str | list[str] = "shakespeare"
-    """`shakespeare` (the built-in corpus), or one or more paths: .txt files (one document each),
+    """`shakespeare` or `tang` (built-in corpora; `tang-traditional` keeps the poems' traditional
+    characters), or one or more paths: .txt files (one document each),
     .jsonl (one document per line, field `text`), .parquet (one per row, column `text`), or folders
     of them (read recursively, in sorted order)."""
     tokenizer: str = "bpe"
@@ -66,7 +70,7 @@ class DataConfig:
         from scratchlm.text.tokenizer import KINDS
 
         if not self.data:
-            raise ConfigError("data", "give `shakespeare` or at least one path")
+            raise ConfigError("data", "give a built-in corpus (shakespeare, tang, tang-traditional) or at least one path")
         if self.tokenizer not in KINDS:
             raise ConfigError("tokenizer", f"{self.tokenizer!r} is not one of {', '.join(KINDS)}")
         if self.vocab_size is not None:

@@ -33,7 +33,7 @@ from typing import Iterator
 
 import numpy as np
 
-from scratchlm.data.config import BPE_SAMPLE_BYTES, DEFAULT_BPE_VOCAB, DEFAULT_SHARD_TOKENS, DataConfig
+from scratchlm.data.config import BPE_SAMPLE_BYTES, BUILT_IN, DEFAULT_BPE_VOCAB, DEFAULT_SHARD_TOKENS, DataConfig
 from scratchlm.data.cutting import Cutter
 from scratchlm.data.encoding import Stream, default_workers, encode_to_parts
 from scratchlm.data.reading import Source, iter_pieces, resolve_sources, source_pieces
@@ -268,7 +268,7 @@ def _prepare_into(cfg: DataConfig, out_dir: Path, options: PrepareOptions, *, ca
     if out_dir.exists() and not out_dir.is_dir():
         raise UserError(f"{out_dir}: exists and is not a folder; choose another {flag}")
     check_folder_path(out_dir, flag)
-    inputs = [s.path for s in resolve_sources(cfg)] if cfg.data != "shakespeare" else []
+    inputs = [s.path for s in resolve_sources(cfg)] if cfg.data not in BUILT_IN else []
     if cfg.tokenizer_file is not None:
         inputs.append(Path(cfg.tokenizer_file))
     legacy = (lambda folder: True) if cache else is_prepared
@@ -353,7 +353,7 @@ def cache_dir(cfg: DataConfig, root: str | os.PathLike | None = None) -> Path:
             raise UserError(f"{tf}: no such tokenizer file")
         stamp["tokenizer_file"] = [_file_stamp(p) for p in files]
     digest = hashlib.sha256(json.dumps(stamp, sort_keys=True).encode()).hexdigest()[:16]
-    label = "shakespeare" if cfg.data == "shakespeare" else Path(cfg.paths[0]).stem or "data"
+    label = cfg.data if cfg.data in BUILT_IN else Path(cfg.paths[0]).stem or "data"
     return Path(root if root is not None else cache_root()).expanduser() / f"{label}-{cfg.tokenizer}-{digest}"
 
 

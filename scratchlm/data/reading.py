@@ -18,6 +18,7 @@ from typing import Iterator
 from scratchlm.data.config import TEXT_SUFFIXES, DataConfig
 from scratchlm.data.cutting import Cutter
 from scratchlm.errors import UserError
+from scratchlm.text.tang import is_tang, tang_corpus
 from scratchlm.text.text_files import without_bom
 
 READ_BYTES = 1 << 20
@@ -44,6 +45,8 @@ def resolve_sources(cfg: DataConfig) -> list[Source]:
         from scratchlm.text.corpus import shakespeare_files
 
         return [Source(p, "play") for p in shakespeare_files()]
+    if is_tang(cfg.data):
+        return [Source(tang_corpus(cfg.data), "jsonl")]
     sources: list[Source] = []
     for name in cfg.paths:
         path = Path(name).expanduser()

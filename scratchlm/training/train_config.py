@@ -34,7 +34,8 @@ class TrainConfig:
 
     # --- data and tokenizer ---
     data: str = "shakespeare"
-    """Training text: `shakespeare` (the built-in corpus) or a path to a text file or a folder of them."""
+    """Training text: `shakespeare` or `tang` (built-in corpora: Shakespeare's plays, the Tang poems;
+    `tang-traditional` keeps the poems' traditional characters) or a path to a text file or a folder of them."""
     tokenizer: str = "char"
     """Tokenizer kind: `char`, `bpe` (trained on the data) or `gpt2`."""
     vocab_size: int | None = None
