@@ -191,3 +191,29 @@ def test_padded_batch_loss_equals_separate_sequences():
 def test_padded_vocab_size():
     assert padded_vocab_size(50257) == 50304
     assert (padded_vocab_size(64), padded_vocab_size(65), padded_vocab_size(67, 8)) == (64, 128, 72)
+
+
+def test_line_starts_by_hand_and_windows_that_begin_only_there():
+    """--windows lines: 0 is BOS, 1 a newline; a row starts only after one of them (or at 0),
+    with a whole window inside the rank's part, and all such places get drawn."""
+    from scratchlm.data.shards import line_starts
+
+    tokens = np.array([0, 5, 6, 1, 7, 8, 9, 1, 1, 5, 0, 6, 7, 8, 9, 5, 6], dtype=np.uint16)
+    # after index 0 (BOS), 3 (\n), 7 (\n), 8 (\n), 10 (BOS); and 0 itself
+    assert line_starts(tokens, 1, 0).tolist() == [0, 1, 4, 8, 9, 11]
+    assert line_starts(tokens, 1, 0, chunk=4).tolist() == [0, 1, 4, 8, 9, 11]  # marks at chunk edges
+    assert line_starts(tokens, 1, None).tolist() == [0, 4, 8, 9]
+    stream = BatchStream(tokens, 64, 4, seed=3, starts=line_starts(tokens, 1, 0))
+    x, y = stream.next_batch()
+    firsts = {tuple(row) for row in x.tolist()}
+    # starts with 4 + 1 tokens after them: 0, 1, 4, 8, 9, 11 (11 + 4 < 17): each one's window
+    assert firsts == {tuple(tokens[s:s + 4].tolist()) for s in (0, 1, 4, 8, 9, 11)}
+    assert torch.equal(y[:, :-1], x[:, 1:])
+    resumed = BatchStream(tokens, 64, 4, seed=3, starts=line_starts(tokens, 1, 0))
+    resumed.load_state_dict(stream.state_dict())
+    assert torch.equal(resumed.next_batch()[0], stream.next_batch()[0])
+    anywhere = BatchStream(tokens, 64, 4, seed=3)
+    with pytest.raises(UserError, match="line_starts"):  # a state saved with line windows is not an anywhere one's
+        anywhere.load_state_dict(resumed.state_dict())
+    with pytest.raises(UserError, match="no line starts"):
+        BatchStream(tokens, 2, 4, seed=3, starts=np.array([15]))

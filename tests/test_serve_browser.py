@@ -430,3 +430,32 @@ def test_the_training_tab_reads_past_a_line_too_long_for_a_poll(browser, runs, t
         assert page.get_attribute("#train-status", "data-skipped") == "1"
         assert "1 line of the log skipped" in page.inner_text("#train-status")
         context.close()
+
+
+def test_a_tang_run_opens_on_a_chinese_line_and_others_keep_their_own(browser, tmp_path, monkeypatch):
+    """A run trained on --data tang puts 床前明月光 in the empty prompt box; choosing another run
+    takes that suggestion back, and text the reader typed is never replaced."""
+    from scratchlm.serve.library import RunLibrary
+    from helpers import train_tiny_run
+
+    checkout = tmp_path / "chinese-poetry" / "全唐诗"  # a checkout is read as it is (no hash to match)
+    checkout.mkdir(parents=True)
+    poems = [{"title": "靜夜思", "paragraphs": ["床前看月光，疑是地上霜。", "舉頭望山月，低頭思故鄉。"], "author": "李白"}]
+    (checkout / "poet.tang.0.json").write_text(json.dumps(poems * 20, ensure_ascii=False), encoding="utf-8")
+    monkeypatch.setenv("SCRATCHLM_TANG_SOURCE", str(checkout.parent))
+    runs = tmp_path / "runs"
+    train_tiny_run(tmp_path, runs / "tang", data="tang-traditional", max_steps=2)
+    train_tiny_run(tmp_path, runs / "plain", max_steps=2)
+    with Served(RunLibrary(runs=runs)) as served:
+        context = browser.new_context(viewport={"width": 1200, "height": 900})
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{served.port}/")
+        page.wait_for_function("window.playground && window.playground.ready === true")
+        page.select_option("#run", "tang")
+        assert page.input_value("#prompt") == "床前明月光"
+        page.select_option("#run", "plain")
+        assert page.input_value("#prompt") == "" and page.get_attribute("#prompt", "placeholder") == "ROMEO:"
+        page.fill("#prompt", "typed")
+        page.select_option("#run", "tang")
+        assert page.input_value("#prompt") == "typed"
+        context.close()

@@ -29,14 +29,23 @@ POEMS = [
     ("無題", []),  # no lines: left out
     ("春曉", ["春眠不覺曉，處處聞啼鳥。", "夜來風雨聲，花落知多少。"]),
     ("楓橋夜泊", ["月落烏啼霜滿天，江楓漁火對愁眠。", "姑蘇城外寒山寺，夜半鐘聲到客船。"]),
+    ("關山月", ["明月出天山，蒼茫雲海間。"]),
+    ("贈別（其二）", ["[多]情卻似總無情（一作：多情卻是），唯覺《樽》前笑不成。"]),  # an editor's note and marks
+    ("殘篇", ["□燭有心還惜別，替人垂淚到天明。"]),  # a lost character: left out
+    ("送別", ["山中相送罷，日暮掩柴扉。〖1〗", "春草明年綠，王孫歸不歸。", "（〖1〗此詩一作王維作，", "見《文苑英華》。）"]),
 ]
 SIMPLIFIED = [
     "静夜思\n床前看月光，疑是地上霜。\n举头望山月，低头思故乡。\n",
     "登鹳雀楼\n白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。\n",
     "春晓\n春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。\n",
     "枫桥夜泊\n月落乌啼霜满天，江枫渔火对愁眠。\n姑苏城外寒山寺，夜半钟声到客船。\n",
+    "关山月\n明月出天山，苍茫云海间。\n",
+    "赠别\n多情却似总无情，唯觉樽前笑不成。\n",
+    "送别\n山中相送罢，日暮掩柴扉。\n春草明年绿，王孙归不归。\n",  # a note over two lines, a footnote mark
 ]
-TRADITIONAL = [f"{t}\n" + "\n".join(lines) + "\n" for t, lines in POEMS if lines]
+TRADITIONAL = [f"{t}\n" + "\n".join(lines) + "\n" for t, lines in POEMS[:-4] if lines] + [
+    "關山月\n明月出天山，蒼茫雲海間。\n", "贈別\n多情卻似總無情，唯覺樽前笑不成。\n",
+    "送別\n山中相送罷，日暮掩柴扉。\n春草明年綠，王孫歸不歸。\n"]
 FILES = {0: POEMS[:2], 2: POEMS[2:4], 10: POEMS[4:]}  # read in the order 0, 2, 10 (not 0, 10, 2)
 
 
@@ -173,6 +182,22 @@ def test_without_opencc_the_simplified_corpus_says_so_and_the_traditional_one_wo
     with pytest.raises(UserError, match="pip install opencc"):
         tang.tang_corpus("tang")
     assert _documents(tang.tang_corpus("tang-traditional")) == TRADITIONAL
+
+
+def test_the_tang_poems_preset_trains_on_it_and_continues_a_chinese_line(package, tmp_path, monkeypatch):
+    """The preset as a user runs it (cut to a few steps and one small layer), then generate."""
+    from helpers import cli_output
+
+    monkeypatch.setenv(tang.SOURCE_ENV, str(package))
+    run = tmp_path / "runs" / "tang"
+    cli_output("train", "--preset", "tang-poems", "--out_dir", str(run), "--max_steps", "3", "--n_layer", "1",
+               "--n_embd", "16", "--n_head", "2", "--block_size", "8", "--eval_interval", "0", "--sample_tokens", "0",
+               "--progress", "quiet", "--threads", "1")
+    text = cli_output("generate", "--checkpoint", str(run), "--prompt", "床前明月光", "--max-new-tokens", "12",
+                      "--seed", "1")
+    assert text.startswith("床前明月光") and set(text.strip()) <= set("".join(SIMPLIFIED))
+    config = json.loads(next(run.glob("ckpt-*/config.json")).read_text())
+    assert config["train"]["windows"] == "lines" and config["data"]["data"] == "tang"
 
 
 def test_prepare_reads_the_built_corpus_as_documents(package, tmp_path, monkeypatch):

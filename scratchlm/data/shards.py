@@ -188,13 +188,16 @@ class BatchStream:
     tokens[i*T : i*T + T + 1], so every token after the first is a target exactly once); rank r
     takes rows r, r+W, r+2W, ...; batches walk through them in order and wrap around.
 
+    `starts` (random mode only): the positions a row may start at (line_starts: after each
+    newline or BOS); each row then starts at one of them, drawn uniformly.
+
     Batch k depends only on (seed, rank, k), so state_dict() is just a position and a resumed
     stream continues with exactly the batches the original would have produced."""
 
     MODES = ("random", "sequential")
 
     def __init__(self, tokens: np.ndarray, batch_size: int, block_size: int, *, seed: int, rank: int = 0,
-                 world_size: int = 1, mode: str = "random"):
+                 world_size: int = 1, mode: str = "random", starts: np.ndarray | None = None):
         if mode not in self.MODES:
             raise ConfigError("mode", f"{mode!r} is not one of {', '.join(self.MODES)}")
         if batch_size <= 0 or block_size <= 0:
@@ -207,12 +210,19 @@ class BatchStream:
         self.batch_size, self.block_size = batch_size, block_size
         self.seed, self.rank, self.world_size, self.mode = int(seed), rank, world_size, mode
         self.step = 0
+        self.starts: np.ndarray | None = None
         n, T = len(tokens), block_size
         if mode == "random":
             self.part = n // world_size  # tokens in each rank's part
             self.lo = rank * self.part
             if self.part < T + 1:
                 raise UserError(self._too_short(f"{self.part} per rank" if world_size > 1 else "only"))
+            if starts is not None:  # those with a whole window inside this rank's part
+                starts = np.asarray(starts, dtype=np.int64)
+                self.starts = starts[(starts >= self.lo) & (starts < self.lo + self.part - T)]
+                if len(self.starts) == 0:
+                    raise UserError(f"no line starts with a whole window of {T + 1} tokens after them"
+                                    + (" in this rank's part" if world_size > 1 else "") + "; use --windows anywhere")
         else:
             self.rows_per_rank = ((n - 1) // T) // world_size if n > 0 else 0
             if self.rows_per_rank < 1:
@@ -227,6 +237,8 @@ class BatchStream:
         B, T = self.batch_size, self.block_size
         if self.mode == "random":
             rng = np.random.default_rng([self.seed & (2**64 - 1), self.rank, k])
+            if self.starts is not None:
+                return self.starts[rng.integers(0, len(self.starts), size=B)]
             return self.lo + rng.integers(0, self.part - T, size=B)
         rows = (k * B + np.arange(B)) % self.rows_per_rank  # this rank's row numbers
         return (rows * self.world_size + self.rank) * T
@@ -245,17 +257,32 @@ class BatchStream:
             yield self.next_batch()
 
     def _geometry(self) -> dict:
+        lines = {} if self.starts is None else {"line_starts": len(self.starts)}  # absent: any start (older states too)
         return {"mode": self.mode, "seed": self.seed, "rank": self.rank, "world_size": self.world_size,
-                "batch_size": self.batch_size, "block_size": self.block_size, "num_tokens": len(self.tokens)}
+                "batch_size": self.batch_size, "block_size": self.block_size, "num_tokens": len(self.tokens), **lines}
 
     def state_dict(self) -> dict:
         return {**self._geometry(), "step": self.step}
 
     def load_state_dict(self, state: dict) -> None:
-        for key, value in self._geometry().items():
+        geometry = self._geometry()
+        for key in [*geometry, *(k for k in state if k not in geometry and k != "step")]:
+            value = geometry.get(key)
             if state.get(key) != value:
                 raise UserError(f"cannot resume the batch stream: it was saved with {key}={state.get(key)!r}, now {key}={value!r}")
         self.step = int(state["step"])
+
+
+def line_starts(tokens, newline_id: int, bos_id: int | None, chunk: int = 1 << 24) -> np.ndarray:
+    """(N,) int64: every position right after a newline or BOS id (a line's or a document's
+    first token), and position 0; read in chunks, so shards on disk are never loaded whole."""
+    marks = [newline_id] + ([bos_id] if bos_id is not None else [])
+    found = [np.zeros(1, dtype=np.int64)]
+    for lo in range(0, len(tokens), chunk):
+        part = np.asarray(tokens[lo : lo + chunk])
+        found.append(np.flatnonzero(np.isin(part, marks)).astype(np.int64) + lo + 1)
+    starts = np.unique(np.concatenate(found))
+    return starts[starts < len(tokens)]
 
 
 def pad_batch(seqs: Sequence[Sequence[int]], pad_id: int):

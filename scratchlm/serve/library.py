@@ -210,8 +210,9 @@ def _mtime(path: Path) -> float:
 def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
     """What the model picker shows of a run, read from its files without loading the model;
     `check(path)` is called on the config file first (RunLibrary.check_inside)."""
-    from scratchlm.training.checkpoint import SavedConfig, latest_checkpoint
     from scratchlm.runlock import holder
+    from scratchlm.text.tang import TANG_PROMPT, is_tang
+    from scratchlm.training.checkpoint import SavedConfig, latest_checkpoint
 
     ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
     out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,
@@ -220,4 +221,7 @@ def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
         check(ckpt / "config.json")
         saved = SavedConfig.read(ckpt)
         out.update(checkpoint=ckpt.name, step=saved.step, model=saved.model)
+        data = (saved.data or {}).get("data")
+        if is_tang(data):
+            out["prompt"] = TANG_PROMPT  # the page opens a Tang run with a line to continue
     return out

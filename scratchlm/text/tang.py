@@ -4,8 +4,11 @@ The poems come from the npm package chinese-poetry 2.0.1 (MIT): its files
 `dist/quantangshi/poet.tang.N.json` (58 of them) hold 57,607 poems in traditional characters,
 each {"author", "title", "paragraphs": [...], "id"}. The package is fetched once with npm's own
 client (`npm pack`), and its tarball is checked against the integrity hash npm's registry
-publishes for that version before anything in it is read. Each poem with at least one line
-becomes one document:
+publishes for that version before anything in it is read. The editors' apparatus is taken out
+of the verse: notes in parentheses (variant readings, "一作 ..."), brackets around restored
+characters (the character stays), and modern title and quotation marks (《》「」 and the like); a
+poem with a lost character (□) is left out. Each poem with at least one line then becomes one
+document:
 
     静夜思
     床前看月光，疑是地上霜。
@@ -49,9 +52,20 @@ REPOSITORY_URL = "https://github.com/chinese-poetry/chinese-poetry"
 SOURCE_ENV = "SCRATCHLM_TANG_SOURCE"
 """A path to the tarball or to a folder holding the poet.tang.N.json files: used instead of npm."""
 
+TANG_PROMPT = "床前明月光"
+"""The line a Tang run is first asked to continue (the playground's prompt for one)."""
 CORPORA = {"tang": "simplified", "tang-traditional": "traditional"}
 """The --data names and the characters each keeps."""
 
+_NOTE = re.compile(r"[（(][^（）()]*[）)]|〖[^〖〗]*〗|\{[^{}]*\}")
+"""An editor's note: in parentheses (over several lines too), 〖〗 or braces; one level, run
+until none is left."""
+_OPEN_NOTE = re.compile(r"[（(][^）)]*$", re.S)
+"""A note that opens and never closes: to the poem's end."""
+_MARKS = re.compile(r"[\[\]〔〕《》「」『』〈〉【】]")
+"""Brackets around a restored character, and modern title and quotation marks."""
+LOST = "□"
+"""How the package writes a character lost from the text."""
 _POEM_FILE = re.compile(r"poet\.tang\.(\d+)\.json")
 _TARBALL_MEMBER = re.compile(r"package/dist/quantangshi/poet\.tang\.(\d+)\.json")
 
@@ -206,11 +220,21 @@ def _poems(source: Path, progress: bool | None, doing: str) -> Iterator[tuple[st
             if not isinstance(poems, list):
                 raise ValueError("not a list of poems")
             for poem in poems:
-                lines = [str(line).strip() for line in poem.get("paragraphs") or [] if str(line).strip()]
-                if lines:
-                    yield str(poem.get("title") or "").strip(), lines
+                text = _verse_only("\n".join(str(line) for line in poem.get("paragraphs") or []))
+                lines = [line.strip() for line in text.split("\n") if line.strip()]
+                if lines and LOST not in text:
+                    yield _verse_only(str(poem.get("title") or "")).replace("\n", " "), lines
         except (ValueError, AttributeError, UnicodeDecodeError) as exc:
             raise UserError(f"{where}: not a poet.tang file of {PACKAGE} ({exc})") from None
+
+
+def _verse_only(line: str) -> str:
+    """A line without the editors' notes and marks (see the module's doc)."""
+    while True:
+        shorter = _NOTE.sub("", line)
+        if shorter == line:
+            return _MARKS.sub("", _OPEN_NOTE.sub("", line)).strip()
+        line = shorter
 
 
 def _tarball_files(path: Path) -> list:

@@ -15,10 +15,10 @@ class RankBatches:
     averaged loss and gradient equal that one process's (up to summation order).
     """
 
-    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist):
+    def __init__(self, tokens, batch_size: int, block_size: int, seed: int, d: Dist, starts=None):
         from scratchlm.data import BatchStream
 
-        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed)
+        self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed, starts=starts)
         self.rank, self.world_size = d.rank, d.world_size
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:

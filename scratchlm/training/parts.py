@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from scratchlm.errors import UserError
 from scratchlm.machine.memory import check_model_fits
 from scratchlm.model.gpt import GPT
 from scratchlm.training import checkpoint as ckpt_io
@@ -74,5 +75,18 @@ def make_parts(model: GPT, setup: RunSetup) -> TrainParts:
         forward=torch.compile(wrapped) if cfg.compile else wrapped,
         optimizer=make_optimizer(wrapped, cfg, device),
         scaler=torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16"),
-        batches=RankBatches(setup.train_tokens, cfg.batch_size, setup.block_size, cfg.seed, d),
+        batches=RankBatches(setup.train_tokens, cfg.batch_size, setup.block_size, cfg.seed, d,
+                            starts=_window_starts(setup) if cfg.windows == "lines" else None),
     )
+
+
+def _window_starts(setup: RunSetup):
+    """--windows lines: the positions after each newline or BOS in the training tokens."""
+    from scratchlm.data.shards import line_starts
+
+    tok = setup.tokenizer
+    newline = tok.encode("\n")
+    if len(newline) != 1:
+        raise UserError(f"--windows lines needs a tokenizer with one id for a newline; this {tok.kind} tokenizer "
+                        f"gives {len(newline)}: use --windows anywhere")
+    return line_starts(setup.train_tokens, newline[0], getattr(tok, "bos_id", None))

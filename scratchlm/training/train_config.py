@@ -15,6 +15,7 @@ from scratchlm.errors import ConfigError, UserError
 from scratchlm.model.config import GPTConfig
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
+WINDOWS = ("anywhere", "lines")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 OPTIMIZERS = ("adamw", "muon")
 
@@ -52,6 +53,10 @@ class TrainConfig:
     # --- optimisation ---
     batch_size: int = 12
     """B: sequences per micro-batch on each process."""
+    windows: str = "anywhere"
+    """Where training windows start: `anywhere` (nanoGPT's random offsets) or `lines` (only after
+    a newline or BOS, so the model learns that its context begins a line: a prompt such as 床前明月光
+    is then read as the start of a verse line, not the middle of one)."""
     grad_accum: int = 1
     """Micro-batches whose gradients are summed before each optimizer step."""
     max_steps: int = 2000
@@ -161,6 +166,8 @@ class TrainConfig:
             raise ConfigError("seed", f"must be a whole number from 0 to 2**32 - 1 (NumPy's range), got {self.seed!r}")
         if self.threads is not None and self.threads <= 0:  # a whole number or None: _check_types
             raise ConfigError("threads", f"must be a positive whole number (or none for torch's default), got {self.threads!r}")
+        if self.windows not in WINDOWS:
+            raise ConfigError("windows", f"unknown {self.windows!r}; choose one of {', '.join(WINDOWS)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
         if self.dtype not in DTYPES:
@@ -224,7 +231,7 @@ class TrainConfig:
         return cls(**values)
 
 
-_ADDED_LATER = frozenset({"errors"})
+_ADDED_LATER = frozenset({"errors", "windows"})
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on
@@ -248,6 +255,16 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         model="smoke", model_overrides=_BABY, tokenizer="char", data="shakespeare",
         batch_size=12, max_steps=500, lr=1e-2, min_lr=1e-4, warmup_steps=20, beta2=0.99, optimizer="muon",
         eval_interval=250, eval_iters=50, log_interval=50, checkpoint_interval=500,
+    ),
+    # Chinese verse from the built-in Tang poems (--data tang), on characters: the fast preset's
+    # model and optimizer without the lm_head bias (9,000-odd characters are far wider than the
+    # model, and export-hf folds a bias only into a vocabulary no wider than n_embd), in bfloat16
+    # where the CPU multiplies it natively, with windows that start at a line so a prompt is
+    # read as a line's beginning. benchmarks/bench_tang.py measures its time and verse.
+    "tang-poems": dict(
+        model="smoke", model_overrides={**_BABY, "lm_head_bias": False}, tokenizer="char", data="tang",
+        batch_size=12, max_steps=2000, lr=1e-2, min_lr=1e-4, warmup_steps=20, beta2=0.99, optimizer="muon",
+        dtype="auto", windows="lines", eval_interval=2000, eval_iters=50, log_interval=100, checkpoint_interval=2000,
     ),
     # The seed's smoke model on BPE tokens trained from the data (8192 by default; works offline),
     # a few hundred steps, without the lm_head bias so that it exports as a GPT-2 (`export-hf`).

@@ -60,6 +60,7 @@ async function loadRuns() {
     runsError("");
     if (select.value !== playground.run) {
       playground.run = select.value;
+      suggestPrompt();
       if (playground.ready) runChanged();  // a first run appeared, or the one shown went: show the one chosen
     }
   } catch (err) {
@@ -82,12 +83,26 @@ function runOption(run) {
   if (typeof run === "string") return el("option", { value: run }, run);
   const step = typeof run.step === "number" ? ` · step ${fmtInt(run.step)}` : "";
   const model = run.model && run.model.n_layer ? `${run.model.n_layer} layers, ${run.model.n_embd} wide` : null;
-  return el("option", { value: run.name, title: model }, run.name + step);
+  const option = el("option", { value: run.name, title: model }, run.name + step);
+  if (run.prompt) option.dataset.prompt = run.prompt;
+  return option;
+}
+
+// The chosen run's own first prompt (a Tang run's 床前明月光) goes into an empty prompt box, or
+// replaces the one the last run put there; text the reader typed stays.
+function suggestPrompt() {
+  const option = $("#run").selectedOptions[0];
+  const suggested = (option && option.dataset.prompt) || "";
+  const box = $("#prompt");
+  box.placeholder = suggested || "ROMEO:";
+  if (!box.value || box.value === playground.suggested) box.value = suggested;
+  playground.suggested = suggested;
 }
 
 // The picker changed: forget what belonged to the old model and reload the tab shown.
 function runChanged() {
   playground.run = $("#run").value;
+  suggestPrompt();
   playground.inside = null;
   resetTraining();
   showTab(playground.tab, true);

@@ -8,6 +8,7 @@
 const playground = {
   run: "",            // the selected run (model); "" until the runs are listed
   runsError: "",      // the line the model picker last wrote in #page-error, if any
+  suggested: "",      // the prompt the chosen run put in the prompt box (suggestPrompt)
   tab: "generate",    // the tab shown
   tokens: [],         // the token events of the last generation
   done: null,         // its done event
