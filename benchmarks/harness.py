@@ -10,6 +10,8 @@
     python -m benchmarks --only decode      # some benchmarks; merged into today's file
     python -m benchmarks --only prepare-stream  # prepare on a generated 1 GB corpus (.txt and .jsonl),
                                             # beside tiktoken's batch encoder (minutes; --quick: 30 MB)
+    python -m benchmarks --only tang        # the tang-poems preset's verse beside the classic recipe's
+                                            # and the corpus's (3 seeds, about 20 minutes; needs the corpus)
                                             # (decode: torch's threads; decode-1t: one thread;
                                             # serve: needs Chromium and playwright, else skips)
     python -m benchmarks --page-only        # just regenerate docs/results.md from the newest file
@@ -44,7 +46,8 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
-BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "time_to_loss", "time_to_loss-nobf16")
+BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "tang", "time_to_loss",
+              "time_to_loss-nobf16")
 
 
 # --------------------------------------------------------------------------------------------
@@ -138,6 +141,12 @@ def _bench_serve(quick: bool, repeats: int) -> dict[str, Any]:
 TIME_TO_LOSS_THREADS: int | None = None  # --ttl-threads
 
 
+def _bench_tang(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_tang  # skips itself without the corpus (npm offline, no SCRATCHLM_TANG_SOURCE)
+
+    return bench_tang.run(bench_tang.SEEDS[:1] if quick else bench_tang.SEEDS)
+
+
 def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_time_to_loss
 
@@ -163,7 +172,7 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
-    "serve": _bench_serve, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
+    "serve": _bench_serve, "tang": _bench_tang, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
 
@@ -221,6 +230,8 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         rows.append(("prepare", "text throughput, end to end", "", _num(r["median_mb_per_s"], 2), "MB/s"))
     elif name == "prepare-stream":
         rows += _prepare_stream_rows(r)
+    elif name == "tang":
+        rows += _tang_rows(r)
     elif name.startswith("decode"):
         if r.get("bf16_kernel"):
             rows.append((f"decode, {r.get('threads', '?')} thr", f"bf16 gemv kernel: {r['bf16_kernel'].split(':')[0]}",
@@ -314,6 +325,28 @@ def _prepare_stream_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, st
              _num(peer["best_mb_per_s"], 2), _num(peer["median_mb_per_s"], 2), "MB/s"),
             (where, "`scratchlm prepare` peak memory (RSS)", "", _num(f["peak_rss_mb"], 0), "MB"),
         ]
+    return rows
+
+
+def _tang_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """The tang-poems preset beside the classic recipe for the same time and the corpus itself:
+    medians over the seeds (best = the best seed)."""
+    if "skipped" in r:
+        return [("tang", f"skipped: {r['skipped']}", "", "", "")]
+    where = f"Tang poems, {len(r['seeds'])} seeds, {r['samples']} samples of {r['tokens']} from {r['prompt']}"
+    ours, classic, corpus = r["tang_poems"], r["classic"], r["corpus"]
+    best = lambda runs, key, f=max: f(x[key] for x in runs)  # noqa: E731
+    med = r["summary"]
+    rows = [(where, "`tang-poems` training time", _num(best(ours, "train_s", min), 1), _num(med["tang_poems"]["train_s"], 1), "s")]
+    for label, key in (("validation loss", "val_loss"), ("verse lines in form", "form_rate"), ("quatrains that rhyme", "rhyme_rate")):
+        scale, unit = (1, "") if key == "val_loss" else (100, "%")
+        f = min if key == "val_loss" else max
+        rows.append((where, f"`tang-poems` {label}", _num(scale * best(ours, key, f), 2 if key == "val_loss" else 1),
+                     _num(scale * med["tang_poems"][key], 2 if key == "val_loss" else 1), unit))
+        rows.append((where, f"classic recipe, same time: {label}", _num(scale * best(classic, key, f), 2 if key == "val_loss" else 1),
+                     _num(scale * med["classic"][key], 2 if key == "val_loss" else 1), unit))
+        if key != "val_loss":
+            rows.append((where, f"the corpus itself: {label}", "", _num(scale * corpus[key], 1), unit))
     return rows
 
 
