@@ -84,9 +84,11 @@ def corpus_rates() -> dict[str, Any]:
 
 
 def run(seeds: tuple[int, ...] = SEEDS) -> dict[str, Any]:
+    from scratchlm.errors import UserError
+
     try:
         corpus = corpus_rates()
-    except Exception as exc:  # no npm, offline, no OpenCC: say why, as the other benchmarks do
+    except UserError as exc:  # no npm, offline, no OpenCC: say why, as the other benchmarks do
         return {"skipped": str(exc).splitlines()[0]}
     ours, classic = [], []
     with tempfile.TemporaryDirectory(prefix="bench-tang-") as tmp:

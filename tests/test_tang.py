@@ -32,7 +32,8 @@ POEMS = [
     ("關山月", ["明月出天山，蒼茫雲海間。"]),
     ("贈別（其二）", ["[多]情卻似總無情（一作：多情卻是），唯覺《樽》前笑不成。"]),  # an editor's note and marks
     ("殘篇", ["□燭有心還惜別，替人垂淚到天明。"]),  # a lost character: left out
-    ("送別", ["山中相送罷，日暮掩柴扉。〖1〗", "春草明年綠，王孫歸不歸。", "（〖1〗此詩一作王維作，", "見《文苑英華》。）"]),
+    ("送別", ["山中相送罷，日暮掩柴扉。〖1〗", "春草明年綠，王孫歸不歸。", "（〖1〗此詩一作王維作，", "見《文苑英華》", "）。"]),
+    ("□題", ["春眠不覺曉，處處聞啼鳥。"]),  # a lost character in the title: left out too
 ]
 SIMPLIFIED = [
     "静夜思\n床前看月光，疑是地上霜。\n举头望山月，低头思故乡。\n",
@@ -43,7 +44,7 @@ SIMPLIFIED = [
     "赠别\n多情却似总无情，唯觉樽前笑不成。\n",
     "送别\n山中相送罢，日暮掩柴扉。\n春草明年绿，王孙归不归。\n",  # a note over two lines, a footnote mark
 ]
-TRADITIONAL = [f"{t}\n" + "\n".join(lines) + "\n" for t, lines in POEMS[:-4] if lines] + [
+TRADITIONAL = [f"{t}\n" + "\n".join(lines) + "\n" for t, lines in POEMS[:-5] if lines] + [
     "關山月\n明月出天山，蒼茫雲海間。\n", "贈別\n多情卻似總無情，唯覺樽前笑不成。\n",
     "送別\n山中相送罷，日暮掩柴扉。\n春草明年綠，王孫歸不歸。\n"]
 FILES = {0: POEMS[:2], 2: POEMS[2:4], 10: POEMS[4:]}  # read in the order 0, 2, 10 (not 0, 10, 2)
@@ -123,7 +124,9 @@ def test_npm_packs_the_package_once_into_the_cache(package, tmp_path, monkeypatc
     assert _documents(corpus) == SIMPLIFIED
     cached = tmp_path / "cache" / "corpora" / "chinese-poetry-2.0.1.tgz"
     assert cached.read_bytes() == package.read_bytes()
-    assert _cache_files(tmp_path) == ["corpora", "corpora/chinese-poetry-2.0.1.tgz", "corpora/tang-simplified-2.0.1.jsonl"]
+    files = _cache_files(tmp_path)
+    assert files[:2] == ["corpora", "corpora/chinese-poetry-2.0.1.tgz"] and len(files) == 3
+    assert files[2].startswith("corpora/tang-simplified-2.0.1-") and files[2].endswith(".jsonl")
     monkeypatch.setenv("PATH", str(tmp_path / "nowhere"))  # no npm now: the cached tarball is enough
     assert _documents(tang.tang_corpus("tang-traditional")) == TRADITIONAL
 
@@ -136,6 +139,21 @@ def test_a_checkout_of_the_repository_is_read_as_it_is(package, tmp_path, monkey
             json.dumps([_poem(t, lines, i) for i, (t, lines) in enumerate(poems)], ensure_ascii=False), encoding="utf-8")
     monkeypatch.setenv(tang.SOURCE_ENV, str(checkout.parent))
     assert _documents(tang.tang_corpus("tang")) == SIMPLIFIED
+
+
+def test_a_changed_checkout_builds_the_corpus_again(package, tmp_path, monkeypatch):
+    """The cached corpus is keyed by its source: a checkout whose files change is read again."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    poem_file = checkout / "poet.tang.0.json"
+    poem_file.write_text(json.dumps([_poem(*POEMS[0], 0)], ensure_ascii=False), encoding="utf-8")
+    monkeypatch.setenv(tang.SOURCE_ENV, str(checkout))
+    first = tang.tang_corpus("tang-traditional")
+    assert _documents(first) == TRADITIONAL[:1]
+    poem_file.write_text(json.dumps([_poem(*POEMS[0], 0), _poem(*POEMS[1], 1)], ensure_ascii=False), encoding="utf-8")
+    os.utime(poem_file, ns=(1, 1))  # a different time as well as a different size
+    again = tang.tang_corpus("tang-traditional")
+    assert again != first and _documents(again) == TRADITIONAL[:2]
 
 
 @pytest.mark.parametrize("route", ["environment", "npm"])

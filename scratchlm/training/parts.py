@@ -81,12 +81,14 @@ def make_parts(model: GPT, setup: RunSetup) -> TrainParts:
 
 
 def _window_starts(setup: RunSetup):
-    """--windows lines: the positions after each newline or BOS in the training tokens."""
+    """--windows lines: the positions after each id that ends a line (its text ends in a newline:
+    "\n", and in a BPE "\n\n" or ".\n" too) or is BOS, in the training tokens."""
     from scratchlm.data.shards import line_starts
 
     tok = setup.tokenizer
-    newline = tok.encode("\n")
-    if len(newline) != 1:
-        raise UserError(f"--windows lines needs a tokenizer with one id for a newline; this {tok.kind} tokenizer "
-                        f"gives {len(newline)}: use --windows anywhere")
-    return line_starts(setup.train_tokens, newline[0], getattr(tok, "bos_id", None))
+    skip = set(getattr(tok, "special_ids", ())) | {getattr(tok, "unk_id", None)}
+    ends = [i for i in range(tok.vocab_size) if i not in skip and tok.decode([i]).endswith("\n")]
+    if not ends:
+        raise UserError(f"--windows lines needs a tokenizer with a newline in its vocabulary; this {tok.kind} "
+                        "tokenizer has none: use --windows anywhere")
+    return line_starts(setup.train_tokens, ends, getattr(tok, "bos_id", None))

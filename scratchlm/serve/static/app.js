@@ -44,6 +44,7 @@ async function loadRuns() {
       select.replaceChildren();
       if (playground.run) {  // the last run went away: nothing of it stays on show
         playground.run = "";
+        suggestPrompt();
         playground.inside = null;
         resetTraining();
         clearAttention();
@@ -58,6 +59,8 @@ async function loadRuns() {
     const wanted = playground.run || (!Array.isArray(data) && data.default) || names[0];
     select.value = names.includes(wanted) ? wanted : names[0];
     runsError("");
+    const option = select.selectedOptions[0];
+    if (((option && option.dataset.prompt) || "") !== playground.suggested) suggestPrompt();  // a checkpoint appeared
     if (select.value !== playground.run) {
       playground.run = select.value;
       suggestPrompt();
