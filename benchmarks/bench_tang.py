@@ -32,7 +32,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_tang.py`
 
-PROMPT = "床前明月光"
+from scratchlm.text.tang import TANG_PROMPT as PROMPT  # noqa: E402 - after the path line above
 SAMPLES = 16
 TOKENS = 240
 GOAL_SECONDS = 180.0

@@ -41,6 +41,7 @@ from typing import Iterator
 
 from scratchlm.errors import UserError
 from scratchlm.fileio import atomic_write, cache_home
+from scratchlm.text.verse import HAN
 
 PACKAGE = "chinese-poetry"
 VERSION = "2.0.1"
@@ -68,7 +69,6 @@ _MARKS = re.compile(r"[\[\]〔〕《》「」『』〈〉【】〖〗（）(){}]
 whose partner a note took."""
 LOST = "□"
 """How the package writes a character lost from the text."""
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]")
 _POEM_FILE = re.compile(r"poet\.tang\.(\d+)\.json")
 _TARBALL_MEMBER = re.compile(r"package/dist/quantangshi/poet\.tang\.(\d+)\.json")
 
@@ -246,7 +246,7 @@ def _poems(source: Path, progress: bool | None, doing: str) -> Iterator[tuple[st
                 raise ValueError("not a list of poems")
             for poem in poems:
                 text = _verse_only("\n".join(str(line) for line in poem.get("paragraphs") or []))
-                lines = [line.strip() for line in text.split("\n") if _HAN.search(line)]  # not a lone 。 a note left
+                lines = [line.strip() for line in text.split("\n") if HAN.search(line)]  # not a lone 。 a note left
                 title = _verse_only(str(poem.get("title") or "")).replace("\n", " ")
                 if lines and LOST not in text and LOST not in title:
                     yield title, lines

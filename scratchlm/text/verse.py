@@ -20,7 +20,8 @@ from typing import Iterable
 
 CLAUSE_MARKS = "，。？！；"
 _CLAUSE_SPLIT = re.compile(f"[{CLAUSE_MARKS}]")
-_HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+")
+HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f]+")
+"""A run of Han characters (the CJK ideograph blocks)."""
 
 _GROUPS = {
     "a": "a", "ia": "a", "ua": "a",
@@ -73,7 +74,7 @@ def is_verse_line(line: str) -> bool:
 def in_form(line: str) -> bool:
     """Every clause 5 or 7 Han characters, nothing else in it."""
     parts = clauses(line)
-    return bool(parts) and all(len(p) in (5, 7) and _HAN.fullmatch(p) is not None for p in parts)
+    return bool(parts) and all(len(p) in (5, 7) and HAN.fullmatch(p) is not None for p in parts)
 
 
 def rhyme_group(char: str) -> str | None:
