@@ -55,6 +55,33 @@ def test_bpe_pieces_join_byte_tokens_into_characters(capsys, name):
         assert any(len(p["ids"]) > 1 for p in report["pieces"])
 
 
+def _minimal_whole_pieces(report: dict, tokenizer) -> None:
+    """Brute force with decode alone: every piece decodes to whole characters, and none could be
+    cut in two (each of its proper prefixes decodes with a character cut off)."""
+    for p in report["pieces"]:
+        assert "\ufffd" not in p["text"], p
+        for k in range(1, len(p["ids"])):
+            assert "\ufffd" in tokenizer.decode(p["ids"][:k]), (p, k)
+
+
+@pytest.mark.parametrize("vocab_size", ["262", "300", "400"])
+def test_bpe_pieces_of_the_poem_take_as_many_tokens_as_a_character_needs(capsys, vocab_size):
+    """Issue 33: with the default 300 ids, 霜's three bytes end one token of four and start the
+    next; grouping at most four tokens printed `疑是地上\ufffd` and lost 霜."""
+    from scratchlm.text.tokenizer import train_tokenizer
+
+    text = TEXTS["chinese"]
+    report = _run(capsys, "--tokenizer", "bpe", "--vocab-size", vocab_size, text)
+    _check_row(report)
+    tokenizer = train_tokenizer("bpe", [text], int(vocab_size))
+    assert tokenizer.encode(text) == report["ids"]  # the same tokenizer the command trained
+    _minimal_whole_pieces(report, tokenizer)
+    assert any("霜" in p["text"] for p in report["pieces"])
+    # the bytes read back from the byte-level vocabulary are the text's own
+    assert b"".join(tokenizer.token_bytes(i) for i in report["ids"]) == text.encode("utf-8")
+    assert tokenizer.token_bytes(tokenizer.bos_id) is None
+
+
 @needs_shared("gpt2/gpt2.tiktoken")
 @pytest.mark.parametrize("name", TEXTS)
 def test_gpt2_ids_equal_tiktoken(capsys, name):
@@ -69,6 +96,9 @@ def test_gpt2_ids_equal_tiktoken(capsys, name):
     assert report["ids"] == enc.encode_ordinary(text)
     assert report["bos_id"] == 50256 and report["round_trip"]
     _check_row(report)
+    from scratchlm.text.tokenizer import get_tokenizer
+
+    _minimal_whole_pieces(report, get_tokenizer("gpt2", tokenizer_file=str(GPT2_FILE)))
 
 
 def test_a_runs_tokenizer_and_the_text_view(tmp_path, capsys):

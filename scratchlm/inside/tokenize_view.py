@@ -11,7 +11,7 @@ from __future__ import annotations
 import unicodedata
 from typing import Any
 
-from scratchlm.text.tokenizer import complete_pieces
+from scratchlm.text.pieces import complete_pieces
 
 
 def visible(text: str) -> str:

@@ -31,6 +31,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import numpy as np
 
 from scratchlm.errors import UserError
+from scratchlm.text.pieces import BYTE_OF_CHAR
 
 BOS = "<|bos|>"
 EOS = "<|endoftext|>"
@@ -308,6 +309,16 @@ class BPETokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=False)
 
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes id `i` stands for (None for a special id): a byte-level vocabulary spells
+        each byte as one printable character (BYTE_OF_CHAR reads it back)."""
+        if i in self.special_ids:
+            return None
+        token = self._tok.id_to_token(i)
+        if token is None or any(c not in BYTE_OF_CHAR for c in token):  # not a byte-level vocabulary
+            return self.decode([i]).encode("utf-8")
+        return bytes(BYTE_OF_CHAR[c] for c in token)
+
     def token_byte_lengths(self) -> np.ndarray:
         """(vocab_size,) UTF-8 bytes each id stands for; 0 for special ids. A byte-level vocabulary
         spells each byte as one printable character, so a token's length is its byte count."""
@@ -456,6 +467,10 @@ class GPT2Tokenizer:
     def decode(self, ids: Iterable[int]) -> str:
         return self._enc.decode(list(ids))
 
+    def token_bytes(self, i: int) -> bytes | None:
+        """The bytes id `i` stands for (None for <|endoftext|>)."""
+        return None if i in self.special_ids else self._enc.decode_single_token_bytes(i)
+
     def token_byte_lengths(self) -> np.ndarray:
         """(vocab_size,) bytes each id stands for; 0 for <|endoftext|>. Computed once."""
         if self._byte_lengths is None:
@@ -491,24 +506,6 @@ Tokenizer = CharTokenizer | BPETokenizer | GPT2Tokenizer
 
 # ----------------------------------------------------------------------------------------------
 # construction, saving, loading
-
-
-def complete_pieces(tokenizer: Any, ids: Sequence[int]) -> list[tuple[list[int], str]]:
-    """The ids grouped so that each group decodes to whole characters: a byte-level token that
-    holds part of a character's UTF-8 bytes (猫 is three bytes, often three GPT-2 tokens) is
-    joined with the tokens that complete it. Returns (ids, text) per group; a group still
-    incomplete at the end keeps the replacement character its decoding gives."""
-    groups: list[tuple[list[int], str]] = []
-    group: list[int] = []
-    for i in ids:
-        group.append(int(i))
-        text = tokenizer.decode(group)
-        if "\ufffd" not in text or len(group) >= 4:  # a UTF-8 character is at most 4 bytes
-            groups.append((group, text))
-            group = []
-    if group:
-        groups.append((group, tokenizer.decode(group)))
-    return groups
 
 
 def _write_json(path: Path, obj: dict) -> None:
