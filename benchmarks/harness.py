@@ -46,7 +46,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
-BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "tang", "time_to_loss",
+BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "tang", "tang-nobf16", "time_to_loss",
               "time_to_loss-nobf16")
 
 
@@ -147,6 +147,20 @@ def _bench_tang(quick: bool, repeats: int) -> dict[str, Any]:
     return bench_tang.run(bench_tang.SEEDS[:1] if quick else bench_tang.SEEDS)
 
 
+def _bench_tang_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
+    """One seed of it as a CPU without bfloat16 units runs it (the preset's dtype auto is then
+    float32), in a fresh process held below AVX512-BF16 from the start (NO_BF16_ENV)."""
+    import tempfile
+
+    from benchmarks.bench_time_to_loss import NO_BF16_ENV
+
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "tang.json"
+        subprocess.run([sys.executable, "-m", "benchmarks.bench_tang", "--seeds", "1", "--json", str(out)],
+                       env={**os.environ, **NO_BF16_ENV}, cwd=ROOT, check=True)
+        return json.loads(out.read_text(encoding="utf-8"))
+
+
 def _bench_time_to_loss(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_time_to_loss
 
@@ -172,7 +186,7 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
-    "serve": _bench_serve, "tang": _bench_tang, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
+    "serve": _bench_serve, "tang": _bench_tang, "tang-nobf16": _bench_tang_no_bf16, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
 
@@ -230,8 +244,8 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         rows.append(("prepare", "text throughput, end to end", "", _num(r["median_mb_per_s"], 2), "MB/s"))
     elif name == "prepare-stream":
         rows += _prepare_stream_rows(r)
-    elif name == "tang":
-        rows += _tang_rows(r)
+    elif name in ("tang", "tang-nobf16"):
+        rows += _tang_rows(r, name.endswith("nobf16"))
     elif name.startswith("decode"):
         if r.get("bf16_kernel"):
             rows.append((f"decode, {r.get('threads', '?')} thr", f"bf16 gemv kernel: {r['bf16_kernel'].split(':')[0]}",
@@ -328,12 +342,13 @@ def _prepare_stream_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, st
     return rows
 
 
-def _tang_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+def _tang_rows(r: dict[str, Any], no_bf16: bool = False) -> list[tuple[str, str, str, str, str]]:
     """The tang-poems preset beside the classic recipe for the same time and the corpus itself:
     medians over the seeds (best = the best seed)."""
     if "skipped" in r:
         return [("tang", f"skipped: {r['skipped']}", "", "", "")]
-    where = f"Tang poems, {len(r['seeds'])} seeds, {r['samples']} samples of {r['tokens']} from {r['prompt']}"
+    seeds = f"{len(r['seeds'])} seed{'s' if len(r['seeds']) > 1 else ''}" + (", no bf16" if no_bf16 else "")
+    where = f"Tang poems, {seeds}, {r['samples']} samples of {r['tokens']} from {r['prompt']}"
     ours, classic, corpus = r["tang_poems"], r["classic"], r["corpus"]
     best = lambda runs, key, f=max: f(x[key] for x in runs)  # noqa: E731
     med = r["summary"]

@@ -33,10 +33,10 @@ def text(tmp_path) -> Path:
     return path
 
 
-def _run(args: list[str], tmp_path: Path, nproc: int) -> subprocess.CompletedProcess:
+def _run(args: list[str], tmp_path: Path, nproc: int, **env_vars: str) -> subprocess.CompletedProcess:
     launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--standalone"]
     cmd = (launcher if nproc > 1 else [sys.executable]) + ["-m", "scratchlm", "train", *args]
-    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1", **env_vars}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
@@ -103,3 +103,24 @@ def test_fsdp2_on_two_gloo_processes_trains_and_saves_a_full_checkpoint(tmp_path
     # 8 steps. The losses above, equal to 1e-5 at every step, are the tight check.
     for (name, got), want in zip(model.state_dict().items(), reference.state_dict().values()):
         torch.testing.assert_close(got, want, atol=5e-5, rtol=1e-4, msg=name)
+
+
+def test_two_gloo_processes_with_a_time_limit_stop_at_the_same_step(tmp_path, text):
+    """Each process reads its own clock, and here rank 1's runs twice as fast as rank 0's; the
+    furthest clock decides for all (one all-reduce a step). Were each to stop by its own, rank 1
+    would end while rank 0 still trained: a collective the other never joins, and the run would
+    crash or hang instead of saving."""
+    fast_clock = tmp_path / "fast_clock"
+    fast_clock.mkdir()
+    (fast_clock / "sitecustomize.py").write_text(
+        "import os, time\n"
+        "if os.environ.get('RANK') == '1':\n"
+        "    _real = time.perf_counter\n"
+        "    time.perf_counter = lambda: 2 * _real()\n")
+    run = tmp_path / "timed"
+    proc = _run(["--data", str(text), "--data_cache", str(tmp_path / "data"), "--max_steps", "100000",
+                 "--time_limit", "4", *TINY, "--log_interval", "1000", "--batch_size", "2", "--out_dir", str(run)],
+                tmp_path, nproc=2, PYTHONPATH=os.pathsep.join([str(fast_clock), *sys.path]))
+    step = ck.load_model(run)[2]["step"]
+    assert f"--time_limit 4 s reached at step {step} of at most 100000" in proc.stdout
+    assert max(_losses(run)) == step

@@ -61,6 +61,58 @@ def test_decay_steps_ends_the_decay_there_and_not_at_max_steps():
 
 
 # --------------------------------------------------------------------------------------------
+# --time_limit
+# --------------------------------------------------------------------------------------------
+
+
+def test_time_share_decays_the_rate_when_it_is_further_along_than_the_steps():
+    """Hand values: warmup 2 of 100 steps; at step 7 the steps are 5% along, the time 50%."""
+    cfg = TrainConfig(lr=1.0, min_lr=0.2, warmup_steps=2, max_steps=100)
+    assert learning_rate(7, cfg, time_share=0.5) == pytest.approx(0.6)  # 0.2 + 0.5 * (1 + cos(pi/2)) * 0.8
+    assert learning_rate(7, cfg, time_share=1.0) == pytest.approx(0.2)
+    assert learning_rate(1, cfg, time_share=0.9) == pytest.approx(1.0)  # warmup goes by steps
+    assert learning_rate(51, cfg, time_share=0.1) == pytest.approx(0.6)  # the steps are further along: 49/98
+
+
+@pytest.fixture
+def ten_seconds_a_step(monkeypatch):
+    """A clock for the run's training time that moves 10 s at each step and at nothing else."""
+    import types
+
+    from scratchlm.training import state as state_module
+    from scratchlm.training import train as train_module
+
+    now = [1000.0]
+    monkeypatch.setattr(state_module, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
+    real_step = train_module.train_step
+
+    def step(*args, **kwargs):
+        now[0] += 10.0
+        return real_step(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "train_step", step)
+
+
+def test_a_time_limit_ends_the_run_at_the_first_step_that_reaches_it(tmp_path, ten_seconds_a_step):
+    """35 s at 10 s a step: steps 1-4 (the 4th reaches 40 s), each at the rate of the time
+    trained before it, then the end's evaluation and checkpoint; a resume with more time goes on
+    from 40 s, one with none left is refused."""
+    cfg = _config(tmp_path, _text(tmp_path / "t.txt"), max_steps=100, time_limit=35.0, lr=1.0, min_lr=0.0,
+                  warmup_steps=0)
+    result = train(cfg)
+    assert result.step == 4 and not result.stopped and result.val_loss is not None
+    assert ck.latest_checkpoint(result.run_dir).name == "ckpt-00000004"
+    records = [json.loads(line) for line in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
+    rates = [r["lr"] for r in records if r["event"] == "train"]
+    import math
+    assert rates == pytest.approx([0.5 * (1 + math.cos(math.pi * t / 35)) for t in (0, 10, 20, 30)])
+    with pytest.raises(UserError, match=r"trained 40.0 s and --time_limit is 35.*above 40"):
+        train(resume_config(str(result.run_dir), time_limit=35.0))
+    more = train(resume_config(str(result.run_dir), time_limit=55.0, max_steps=100))
+    assert more.step == 6  # 50 s, then 60 s >= 55
+
+
+# --------------------------------------------------------------------------------------------
 # keep_last and pruning
 # --------------------------------------------------------------------------------------------
 

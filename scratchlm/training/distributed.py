@@ -62,6 +62,17 @@ def all_mean(value: torch.Tensor, d: Dist) -> torch.Tensor:
     return value / d.world_size
 
 
+def all_max(value: float, d: Dist, device: torch.device) -> float:
+    """The largest of a number over all processes (itself when there is one)."""
+    if not d.enabled:
+        return value
+    import torch.distributed as dist
+
+    t = torch.tensor([value], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
 def any_rank(flag: bool, d: Dist, device: torch.device) -> bool:
     if not d.enabled:
         return flag

@@ -38,7 +38,11 @@ class Reporter:
         if self.mode == "bar":
             from tqdm import tqdm
 
-            self.bar = tqdm(total=cfg.max_steps, initial=start_step, unit="step", dynamic_ncols=True, file=sys.stderr)
+            # with a time limit the bar fills with seconds, since the steps it will take are unknown
+            total, unit = (cfg.time_limit, "s") if cfg.time_limit else (cfg.max_steps, "step")
+            self.bar = tqdm(total=total, initial=0 if cfg.time_limit else start_step, unit=unit, dynamic_ncols=True,
+                            file=sys.stderr, bar_format="{l_bar}{bar}| {n:.0f}/{total:.0f} s [{elapsed}{postfix}]"
+                            if cfg.time_limit else None)
 
     def record(self, event: str, **values: Any) -> None:
         if not self.is_main:
@@ -62,10 +66,12 @@ class Reporter:
             os.dup2(devnull, sys.stdout.fileno())
             os.close(devnull)
 
-    def progress(self, step: int, loss: float, lr: float, tok_s: float) -> None:
+    def progress(self, step: int, loss: float, lr: float, tok_s: float, seconds: float | None = None) -> None:
+        """Move the bar to `step`, or with a time limit to `seconds` trained (the step then in its postfix)."""
         if self.bar is not None:
-            self.bar.n = step
-            self.bar.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
+            self.bar.n = min(seconds, self.bar.total) if seconds is not None else step
+            steps = {"step": step} if seconds is not None else {}
+            self.bar.set_postfix(**steps, loss=f"{loss:.4f}", lr=f"{lr:.2e}", tok_s=f"{tok_s:,.0f}", refresh=False)
             self.bar.refresh()
 
     def close(self) -> None:
@@ -113,12 +119,14 @@ class RunLog(Reporter):
             + (f"; MFU is of {si_units(self.peak)}FLOP/s: {self.peak_source[1]}" if self.peak_source else "")
         )
 
-    def step(self, loss: float, lr: float, norm: float) -> dict:
-        """The step's record; at a log step also its mean loss, tokens/s and MFU, written and said."""
+    def step(self, loss: float, lr: float, norm: float, last: bool = False) -> dict:
+        """The step's record; at a log step (and the last) also its mean loss, tokens/s and MFU, written and said."""
         cfg, state, step = self.setup.cfg, self.state, self.state.step
         now = time.perf_counter()
         record = {"step": step, "loss": loss, "lr": lr, "tokens": state.tokens_seen}
-        if step == state.start_step + 1 or step % cfg.log_interval == 0 or step == cfg.max_steps:
+        limit = cfg.time_limit
+        seconds = state.time_share * limit if limit else None
+        if step == state.start_step + 1 or step % cfg.log_interval == 0 or last:
             dt = now - state.t_last
             tok_s = (state.tokens_seen - state.tokens_last) / dt if dt > 0 else 0.0
             state.t_last, state.tokens_last = now, state.tokens_seen
@@ -128,11 +136,15 @@ class RunLog(Reporter):
             record.update(loss_mean=mean_loss, tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
             self.record("train", **record)
             eta = (cfg.max_steps - step) * self.setup.tokens_per_step / tok_s if tok_s else 0.0
-            self.say(f"step {step}/{cfg.max_steps}: loss {loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s"
+            where = f"{step}/{cfg.max_steps}"
+            if seconds is not None:  # whichever ends first: the steps or the time
+                eta, where = min(eta, max(0.0, limit - seconds)), f"{step} ({seconds:.0f}/{limit:g} s)"
+            self.say(f"step {where}: loss {loss:.4f}, lr {lr:.2e}, {tok_s:,.0f} tokens/s"
                      + (f", MFU {100 * mfu:.1f}%" if mfu else "") + f", ETA {eta:.0f}s")
-            self.progress(step, loss, lr, tok_s)
+            self.progress(step, loss, lr, tok_s, seconds)
         elif self.bar is not None:
-            self.progress(step, loss, lr, (state.tokens_seen - state.tokens_last) / max(now - state.t_last, 1e-9))
+            tok_s = (state.tokens_seen - state.tokens_last) / max(now - state.t_last, 1e-9)
+            self.progress(step, loss, lr, tok_s, seconds)
         return record
 
     def skipped(self, loss: float) -> None:
@@ -165,6 +177,9 @@ class RunLog(Reporter):
                     val_bpb=state.val_bpb, bad_steps=state.bad_total, stopped=state.stopped)
         if state.stopped:
             return
+        limit = self.setup.cfg.time_limit
+        if limit and state.time_share >= 1 and state.step < self.setup.cfg.max_steps:
+            self.say(f"--time_limit {limit:g} s reached at step {state.step} of at most {self.setup.cfg.max_steps}")
         self.say(f"done: {state.step} steps in {elapsed:.1f}s ({tokens_per_s:,.0f} tokens/s), "
                  f"val loss {state.val_loss:.4f}; checkpoint in {run_dir}" if state.val_loss is not None
                  else f"done: {state.step} steps; checkpoint in {run_dir}")

@@ -71,7 +71,8 @@ def restore_run(setup: RunSetup, parts: TrainParts) -> TrainState:
     state = TrainState(step=saved["step"], tokens_seen=saved["tokens_seen"], bad_in_row=saved["bad_in_row"],
                        bad_total=saved["bad_total"], elapsed_before=saved.get("elapsed_s", 0.0),
                        last_good_ckpt=setup.resume_ckpt)
-    run_folder.check_steps_left(setup.run_dir, state.step, setup.cfg.max_steps)
+    run_folder.check_steps_left(setup.run_dir, state.step, setup.cfg.max_steps, state.elapsed_before,
+                                setup.cfg.time_limit)
     return state
 
 

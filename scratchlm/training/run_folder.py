@@ -157,10 +157,13 @@ def kept_and_lost(run_dir: Path, last_good_ckpt: Path | None, step: int) -> str:
             f"`scratchlm train --resume {run_dir}` trains again once there is space")
 
 
-def check_steps_left(run_dir: Path, step: int, max_steps: int) -> None:
+def check_steps_left(run_dir: Path, step: int, max_steps: int, elapsed: float = 0.0, time_limit: float = 0.0) -> None:
     """Refuse a resume with nothing to train: the run is at or past --max_steps (a smaller
-    --max_steps than the run reached, or a finished run resumed as it was). Exiting 0 there hid
-    the mistake."""
+    --max_steps than the run reached, or a finished run resumed as it was), or has trained for
+    its --time_limit. Exiting 0 there hid the mistake."""
     if step >= max_steps:
         raise UserError(f"{run_dir}: the run is at step {step} and --max_steps is {max_steps}, so there is nothing to "
                         f"train; give a --max_steps above {step} to train it further")
+    if time_limit and elapsed >= time_limit:
+        raise UserError(f"{run_dir}: the run has trained {elapsed:.1f} s and --time_limit is {time_limit:g}, so there "
+                        f"is nothing to train; give a --time_limit above {elapsed:.0f} (or 0 for none) to train it further")

@@ -31,6 +31,9 @@ class TrainState:
     # --- the clocks, started by begin()
     elapsed_before: float = 0.0
     """Seconds trained before this sitting (a resumed run's earlier ones)."""
+    time_share: float = 0.0
+    """The part of --time_limit trained so far, by the slowest process's clock (so that every
+    process takes the same learning rate and stops at the same step); 0 without a limit."""
     start_step: int = 0
     t_start: float = 0.0
     t_last: float = 0.0
@@ -46,10 +49,11 @@ class TrainState:
     val_bpb: float | None = None
     sample: str | None = None
 
-    def begin(self) -> None:
+    def begin(self, time_limit: float = 0.0) -> None:
         """Start the clocks: training time counts from here."""
         self.t_start = self.t_last = time.perf_counter()
         self.tokens_last, self.start_step = self.tokens_seen, self.step
+        self.time_share = self.elapsed_before / time_limit if time_limit else 0.0
 
     def count(self, loss: float, applied: bool, tokens_per_step: int) -> None:
         """One more step done, its update applied or skipped."""

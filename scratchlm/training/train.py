@@ -35,7 +35,7 @@ import torch
 from scratchlm.machine.flops import device_peak
 from scratchlm.model.gpt import GPT
 from scratchlm.training import run_folder
-from scratchlm.training.distributed import Dist, all_mean, any_rank, setup_processes
+from scratchlm.training.distributed import Dist, all_max, all_mean, any_rank, setup_processes
 from scratchlm.training.ending import StopRequest, TrainResult, finish
 from scratchlm.training.evaluation import evaluate, evaluate_full, sample_text
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
@@ -57,8 +57,10 @@ from scratchlm.training.train_config import (  # noqa: F401
 # --------------------------------------------------------------------------------------------
 
 
-def learning_rate(step: int, cfg: TrainConfig) -> float:
-    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr."""
+def learning_rate(step: int, cfg: TrainConfig, time_share: float = 0.0) -> float:
+    """Learning rate for optimizer step `step` (0-based): linear warmup, then decay to min_lr.
+    time_share: the part of cfg.time_limit already trained; the decay goes by it where it is
+    further along than the steps."""
     if step < cfg.warmup_steps:
         return cfg.lr * (step + 1) / cfg.warmup_steps
     if cfg.lr_schedule == "constant":
@@ -66,7 +68,9 @@ def learning_rate(step: int, cfg: TrainConfig) -> float:
     end = cfg.decay_steps or cfg.max_steps
     if step >= end:
         return cfg.min_lr
-    progress = (step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps)  # 0 -> 1
+    progress = max((step - cfg.warmup_steps) / max(1, end - cfg.warmup_steps), time_share)  # 0 -> 1
+    if progress >= 1:
+        return cfg.min_lr
     if cfg.lr_schedule == "cosine":
         return cfg.min_lr + 0.5 * (1.0 + math.cos(math.pi * progress)) * (cfg.lr - cfg.min_lr)
     return cfg.lr - progress * (cfg.lr - cfg.min_lr)
@@ -125,9 +129,9 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
 
         # --- the loop
         with StopRequest() as stop:
-            state.begin()
-            while state.step < cfg.max_steps:
-                lr = learning_rate(state.step, cfg)
+            state.begin(cfg.time_limit)
+            while state.step < cfg.max_steps and state.time_share < 1:
+                lr = learning_rate(state.step, cfg, state.time_share)
                 for group in parts.optimizer.param_groups:
                     group["lr"] = lr
                 loss, norm, applied = train_step(parts, cfg, d, device)
@@ -135,8 +139,10 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
                 if not applied:  # a non-finite loss or gradient: the weights were left as they were
                     log.skipped(loss)
                     state.check_bad_steps(cfg.max_bad_steps)  # too many in a row stop the run
-                record = log.step(loss, lr, norm)
-                last = state.step == cfg.max_steps
+                if cfg.time_limit:
+                    state.time_share = all_max(state.elapsed(), d, device) / cfg.time_limit
+                last = state.step == cfg.max_steps or state.time_share >= 1
+                record = log.step(loss, lr, norm, last)
                 evaluating = last or _every(cfg.eval_interval, state.step)
                 if evaluating:
                     state.val_loss, state.val_bpb = _evaluate(setup, parts, log, last)
@@ -144,7 +150,7 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
                     state.sample = _sample(setup, model, log, state.step)
                 if (last or _every(cfg.checkpoint_interval, state.step)) and state.bad_in_row == 0:
                     state.last_good_ckpt = save_run(setup, parts, model, state, log)  # only after a good step
-                if _stop_requested(stop, on_step, record, setup, state):
+                if _stop_requested(stop, on_step, record, setup, state) and not last:
                     state.last_good_ckpt = save_run(setup, parts, model, state, log)
                     state.stopped = True
                     log.stopped(stop.signal_name or "a stop request")
@@ -230,7 +236,7 @@ def _sample(setup: RunSetup, model: GPT, log: RunLog, step: int) -> str | None:
 
 
 def _stop_requested(stop: StopRequest, on_step, record: dict, setup: RunSetup, state: TrainState) -> bool:
-    """Whether a signal (on any process) or on_step asked to stop before max_steps; every process
+    """Whether a signal (on any process) or on_step asked to stop; every process
     takes part in the vote at every step."""
     hook_stop = bool(on_step(state.step, record)) if (on_step is not None and setup.d.is_main) else False
-    return any_rank(stop.requested or hook_stop, setup.d, setup.device) and state.step != setup.cfg.max_steps
+    return any_rank(stop.requested or hook_stop, setup.d, setup.device)
