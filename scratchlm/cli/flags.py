@@ -35,13 +35,20 @@ def add_field_flags(group, fields, dest_prefix=lambda f: "model." if f.model els
                                default=argparse.SUPPRESS, metavar=f.kind.upper(), help=help_text)
 
 
-def add_model_flags(parser, note: str, skip: tuple[str, ...] = ()) -> None:
+def add_model_flags(parser, note: str, skip: tuple[str, ...] = (), preset: str | None = None) -> None:
     """GPTConfig's fields (vocab_size and `skip` aside) as flags on a command that builds a model
-    from a preset."""
+    from a preset; with `preset` (the command's default one), the defaults shown are its values."""
+    import dataclasses
+
+    from scratchlm.model.config import GPTConfig
     from scratchlm.training.train_config import cli_fields
 
     group = parser.add_argument_group(f"model fields (GPTConfig), changing the preset's: {note}")
-    add_field_flags(group, [f for f in cli_fields() if f.model and f.name not in skip])
+    fields = [f for f in cli_fields() if f.model and f.name not in skip]
+    if preset is not None:
+        values = GPTConfig.from_name(preset)
+        fields = [dataclasses.replace(f, default=f"{getattr(values, f.name)}, the {preset} preset's") for f in fields]
+    add_field_flags(group, fields)
 
 
 def model_overrides(args) -> dict:

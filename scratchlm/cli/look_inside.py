@@ -114,7 +114,8 @@ def add_walkthrough(sub) -> None:
     p.add_argument("--float32", action="store_true", help="compute in float32 instead of float64")
     p.add_argument("--json", action="store_true", help="print the same as JSON")
     # --init here is the walkthrough's; dropout would make the two sides draw different masks
-    add_model_flags(p, "--pos_embedding rope, --norm_position post, --tie_weights ...", skip=("init", "dropout"))
+    add_model_flags(p, "--pos_embedding rope, --norm_position post, --tie_weights ...", skip=("init", "dropout"),
+                    preset="hand")
     p.set_defaults(run=_run_walkthrough)
 
 

@@ -52,10 +52,13 @@ _POST_NORM_TITLES = {
     "k": "K = x W_K^T (post-norm: the block's input itself), split into heads  (H, T, hs)",
     "v": "V = x W_V^T (post-norm: the block's input itself), split into heads  (H, T, hs)",
     "resid_1": "residual: x + attention output, before ln_1  (T, C)",
-    "ln_2": "block output ln_2(ln_1 + MLP output)  (T, C)",
+    "ln_2": "ln_2(ln_1 + MLP output): post-norm normalises the second residual sum  (T, C)",
     "mlp_pre": "MLP first layer c_fc of ln_1  (T, 4C)",
-    "out": "block output: ln_2 of the residual  (T, C)",
+    "out": "block output: ln_2 above, passed on as it is  (T, C)",
 }
+_POST_NORM_ORDER = ("q", "k", "v", "scores", "mask", "masked_scores", "weights", "heads", "concat", "attn_out",
+                    "resid_1", "ln_1", "mlp_pre", "mlp_hidden", "mlp_out", "ln_2", "out")
+"""Post-norm's stations in the order it computes them: each norm after its residual sum."""
 _FINAL_STEPS = [
     ("ln_f", "final norm ln_f  (T, C)"),
     ("logits", "logits = ln_f W_lm^T + b_lm  (T, V)"),
@@ -237,15 +240,42 @@ def walkthrough_of(model: GPT, ids: Sequence[int], *, preset: str = "custom", se
     ours = torch_trace(model, ids)
     weights = for_display(dict(model.named_parameters()), cfg.n_embd)  # a tied head appears once, as wte
 
-    steps = list(_GLOBAL_STEPS)
-    for i in range(cfg.n_layer):
-        titles = _POST_NORM_TITLES if cfg.norm_position == "post" else {}
-        steps += [(f"h{i}.{key}", f"block {i}: {titles.get(key, title)}") for key, title in _BLOCK_STEPS]
-    steps += _FINAL_STEPS
     result = Walkthrough(preset, seed, init, ids, cfg.to_dict(), weights)
-    for key, title in steps:
+    for key, title in step_titles(cfg):
         result.steps.append(compare(key, title, ours[key], reference[key]))
     return result
+
+
+_POSITION_TITLES = {
+    "learned": _GLOBAL_STEPS[1][1],
+    "sinusoidal": "sinusoidal position encodings PE[0..T-1], fixed (no weights)  (T, C)",
+    "rope": "nothing is added for positions (RoPE rotates Q and K inside attention): zeros  (T, C)",
+    "none": "no positions at all: zeros  (T, C)",
+}
+
+
+def step_titles(cfg: GPTConfig) -> list[tuple[str, str]]:
+    """(trace key, title) of every station, in the order of the forward pass, each title saying
+    what that station computes in this configuration."""
+    pos = cfg.pos_embedding
+    titles = {"pos": _POSITION_TITLES[pos]}
+    if pos in ("rope", "none"):
+        titles["x0"] = "x0 = token embeddings (no position vector is added)  (T, C): the block's input"
+    post = cfg.norm_position == "post"
+    block = dict(_BLOCK_STEPS) | (_POST_NORM_TITLES if post else {})
+    width = {"mlp_pre": "4C" if cfg.n_inner is None else f"n_inner = {cfg.n_inner}"}
+    width["mlp_hidden"] = width["mlp_pre"]
+    if cfg.activation == "swiglu":  # c_fc's output is split into a gate half and a value half
+        block["mlp_hidden"] = "SwiGLU: SiLU(gate half) * value half  (T, 4C)"
+        width["mlp_hidden"] = "4C / 2" if cfg.n_inner is None else f"n_inner / 2 = {cfg.n_inner // 2}"
+    steps = [(key, titles.get(key, title)) for key, title in _GLOBAL_STEPS]
+    for i in range(cfg.n_layer):
+        for key in _POST_NORM_ORDER if post else block:
+            title = block[key].replace("(T, 4C)", f"(T, {width[key]})") if key in width else block[key]
+            if pos == "rope" and key in ("q", "k"):
+                title = title.replace(", split into heads", ", split into heads, then rotated by position (RoPE)")
+            steps.append((f"h{i}.{key}", f"block {i}: {title}"))
+    return steps + _FINAL_STEPS
 
 
 _FLOW_ORDER = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f", "lm_head")

@@ -141,9 +141,15 @@ def format_training(walk: TrainingWalk, ids: Sequence[int], labels: Sequence[str
     from scratchlm.inside.walkthrough import matrix_lines, side_by_side
 
     steps = {s.key: s for s in walk.steps}
-    lines = ["", "loss: the targets are the input shifted left by one (position t learns to predict token t + 1):",
-             "  input   " + ", ".join(_label(i, labels) for i in ids),
-             "  targets " + ", ".join(_label(t, labels) for t in walk.targets)]
+    if list(walk.targets[:-1]) == list(ids[1:]):
+        last = _label(walk.targets[-1], labels)
+        lines = ["", "loss: position t learns to predict token t + 1, so the targets are the input shifted left by one;",
+                 f"the last target, the token after the row, is not in the row: {last} here (the default is the last",
+                 "id + 1; --targets sets your own):"]
+    else:
+        lines = ["", "loss: the targets given with --targets, one per position:"]
+    lines += ["  input   " + ", ".join(_label(i, labels) for i in ids),
+              "  targets " + ", ".join(_label(t, labels) for t in walk.targets)]
     for key in ("per_position", "loss", "dlogits"):
         s = steps[key]
         lines += ["", f"  {s.title}   max |torch - numpy| = {s.max_diff:.1e}", *side_by_side(s.torch, s.numpy)]
@@ -202,7 +208,9 @@ def training_size(cfg, tokens: int) -> tuple[int, int]:
         params = dict(GPT(cfg).named_parameters())
     rows = lambda shape: shape[0] if len(shape) == 2 else 1  # noqa: E731
     shown = for_display({n: np.empty(p.shape, dtype=np.int8) for n, p in params.items()}, cfg.n_embd)
-    lines = 4 + 6 + 2 + tokens + 3  # the loss heading, its three stations, the backward heading
+    # the loss heading (three lines with the default targets, one with --targets), its three
+    # stations, the backward heading
+    lines = 6 + 6 + 2 + tokens + 3
     lines += sum(1 + rows(a.shape) for a in shown.values())
     lines += 4 + sum(1 + 6 * (1 + rows(p.shape)) for p in params.values()) + 8  # AdamW, then the tail
     widest = max([cfg.vocab_size, tokens] + [p.shape[-1] for p in params.values()])
