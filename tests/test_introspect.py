@@ -32,6 +32,8 @@ VARIANTS = [
     dict(activation="gelu_tanh", qkv_bias=True, tie_weights=True, lm_head_bias=False),
     dict(activation="swiglu", pos_embedding="rope"),
     dict(pos_embedding="sinusoidal", norm_position="post"),
+    dict(pos_embedding="sinusoidal", norm_position="post", final_norm=False),  # the tutorial preset's layout
+    dict(final_norm=False),  # lm_head reads the residual stream itself
 ]
 
 

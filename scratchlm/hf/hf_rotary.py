@@ -33,11 +33,16 @@ from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 
 NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
+NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with no final norm) has no transformers "
+                 "architecture to export to; GPT-2, GPT-NeoX and Llama all normalise before the head; train with "
+                 "--final_norm")
 
 
 def architecture(config: GPTConfig) -> str:
     """`gpt2`, `gpt_neox` or `llama`: the transformers architecture that computes what `config`
     computes; a UserError naming the fields (and the flags that would do) when none does."""
+    if not config.final_norm:
+        raise UserError(NO_FINAL_NORM)
     if config.norm_position != "pre":
         raise UserError("norm_position: 'post' blocks have no transformers architecture to export to; "
                         "train with --norm_position pre")

@@ -6,8 +6,9 @@ while a torch `nn.Linear` holds (out, in). Every other tensor keeps its name and
 modules carry GPT-2's names. So the conversion is: transpose those four, copy the rest.
 
 Not every scratchlm model is a GPT-2. Export works when the architecture is representable: position
-vectors added to the token embeddings, LayerNorm, a ReLU/GELU/GELU-tanh MLP, pre-norm blocks. Fixed
-sinusoidal positions become GPT-2's position table filled with the same values, and `none` a table of
+vectors added to the token embeddings, LayerNorm, a ReLU/GELU/GELU-tanh MLP, pre-norm blocks, and the
+final norm ln_f before the head (final_norm off is refused). Fixed sinusoidal positions become GPT-2's
+position table filled with the same values, and `none` a table of
 zeros: the function is the same (though transformers would train that table if fine-tuned). Biases
 GPT-2 has and we switched off are written as zeros (same function); an lm_head bias GPT-2 lacks is
 dropped if it is zero and refused otherwise. RoPE models export to GPT-NeoX or Llama instead
@@ -363,6 +364,10 @@ def _gpt2_tokenizer_from_vocab(vocab: dict[str, int], merges: list) -> Any:
 
 def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: int | None = None) -> dict[str, Any]:
     """The config.json of the GPT-2 that computes what `config` computes; UserError if none does."""
+    from scratchlm.hf.hf_rotary import NO_FINAL_NORM
+
+    if not config.final_norm:
+        raise UserError(NO_FINAL_NORM)
     refusals = [
         ("pos_embedding", config.pos_embedding == "rope", "GPT-2 adds position vectors; it cannot rotate Q and K"),
         ("norm", config.norm != "layernorm", "GPT-2 uses LayerNorm with gamma and beta"),

@@ -53,7 +53,8 @@ def param_table(model: GPT) -> list[ParamRow]:
         rows.append(ParamRow(f"block {i} attention", count(block.attn), 4 * C * C))
         rows.append(ParamRow(f"block {i} mlp", count(block.mlp), 8 * C * C))
         rows.append(ParamRow(f"block {i} norms", count(block.ln_1) + count(block.ln_2), 0))
-    rows.append(ParamRow("final norm ln_f", count(model.transformer.ln_f), 0))
+    if "ln_f" in model.transformer:  # absent with final_norm off
+        rows.append(ParamRow("final norm ln_f", count(model.transformer.ln_f), 0))
     head = model.lm_head.bias.numel() if model.lm_head.bias is not None else 0
     if not cfg.tie_weights:
         head += model.lm_head.weight.numel()
@@ -107,7 +108,8 @@ def shape_trace(model: GPT, batch_size: int = 2, seq_len: int = 16, seed: int = 
         hooks.append(block.attn.register_forward_hook(record(f"block {i} attention output")))
         hooks.append(block.mlp.register_forward_hook(record(f"block {i} mlp output")))
         hooks.append(block.register_forward_hook(record(f"block {i} output")))
-    hooks.append(model.transformer.ln_f.register_forward_hook(record("final norm ln_f")))
+    if "ln_f" in model.transformer:
+        hooks.append(model.transformer.ln_f.register_forward_hook(record("final norm ln_f")))
     hooks.append(model.lm_head.register_forward_hook(record("logits lm_head")))
     with eval_mode(model):
         try:
@@ -205,7 +207,8 @@ def saved_activations(cfg: GPTConfig, batch_size: int, seq_len: int, attention: 
     if cfg.pos_embedding == "rope":
         rows.append(("rope cos and sin tables", cfg.block_size * cfg.head_dim, "f32"))
     rows += [(f"block {i}: {what}", n, kind) for i in range(N) for what, n, kind in block]
-    rows += norm_saves("ln_f")
+    if cfg.final_norm:  # else lm_head's input, below, is the last block's output
+        rows += norm_saves("ln_f")
     rows += [("lm_head input", BT * C, "act"), ("log-probabilities", BT * V, "f32"), ("targets", BT, "i64"),
              ("loss weight", 1, "f32")]
     return rows

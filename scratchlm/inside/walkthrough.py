@@ -64,6 +64,11 @@ _FINAL_STEPS = [
     ("logits", "logits = ln_f W_lm^T + b_lm  (T, V)"),
     ("probs", "probabilities = softmax(logits) per row  (T, V)"),
 ]
+# final_norm off: no ln_f station (there is nothing to print), and the logits say what they read
+_NO_FINAL_NORM_STEPS = [
+    ("logits", "logits = last block output W_lm^T + b_lm: no final norm in between  (T, V)"),
+    _FINAL_STEPS[-1],
+]
 
 
 WALKTHROUGH_MAX_LINES = 3000
@@ -84,7 +89,8 @@ def printed_size(cfg: GPTConfig, tokens: int) -> tuple[int, int]:
     widest = max(p.shape[-1] for _, p in params)
     per_head = {"q", "k", "v", "scores", "masked_scores", "weights", "heads"}
     block = sum(cfg.n_head * (tokens + 1) if key in per_head else tokens for key, _ in _BLOCK_STEPS)
-    lines += cfg.n_layer * (block + 2 * len(_BLOCK_STEPS) + 2) + (len(_GLOBAL_STEPS) + len(_FINAL_STEPS)) * (tokens + 2)
+    final = _FINAL_STEPS if cfg.final_norm else _NO_FINAL_NORM_STEPS
+    lines += cfg.n_layer * (block + 2 * len(_BLOCK_STEPS) + 2) + (len(_GLOBAL_STEPS) + len(final)) * (tokens + 2)
     widest = max(widest, cfg.vocab_size, cfg.mlp_hidden, tokens)
     return lines, widest
 
@@ -166,7 +172,8 @@ def _trace_hooks(model: GPT, out: dict[str, torch.Tensor]) -> list[RemovableHand
         hooks.append(block.mlp.c_proj.register_forward_pre_hook(save_input(p + "mlp_hidden")))
         hooks.append(block.mlp.register_forward_hook(save_output(p + "mlp_out")))
         hooks.append(block.register_forward_hook(save_output(p + "out")))
-    hooks.append(tr.ln_f.register_forward_hook(save_output("ln_f")))
+    if "ln_f" in tr:  # absent with final_norm off
+        hooks.append(tr.ln_f.register_forward_hook(save_output("ln_f")))
     return hooks
 
 
@@ -274,8 +281,13 @@ def step_titles(cfg: GPTConfig) -> list[tuple[str, str]]:
             title = block[key].replace("(T, 4C)", f"(T, {width[key]})") if key in width else block[key]
             if pos == "rope" and key in ("q", "k"):
                 title = title.replace(", split into heads", ", split into heads, then rotated by position (RoPE)")
+            if key == "attn_out" and not cfg.proj_bias:
+                title = title.replace(" + b_O", " (no bias)")
             steps.append((f"h{i}.{key}", f"block {i}: {title}"))
-    return steps + _FINAL_STEPS
+    final = _FINAL_STEPS if cfg.final_norm else _NO_FINAL_NORM_STEPS
+    if not cfg.lm_head_bias:
+        final = [(key, title.replace(" + b_lm", "")) for key, title in final]
+    return steps + final
 
 
 _FLOW_ORDER = ("transformer.wte", "transformer.wpe", "transformer.h", "transformer.ln_f", "lm_head")

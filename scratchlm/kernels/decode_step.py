@@ -4,12 +4,13 @@ copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float3
 
 `FusedDecodeStep.build(model, kernels)` reads the model's tensors once and describes them to the
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
-`unsupported(model)`, for a model the C step does not cover (post-norm, weights not in the kernel
-layout). The struct holds raw addresses, so the object keeps a reference to every tensor it points
-at; the model must not replace them (in-place changes are fine). A conversion of the whole model
-(.double(), .to(device)) is noticed by `describes(model)`, and the step is then dropped. The step's
-working memory is allocated once and reused at every token (a block per concurrent caller, made
-again only for more threads), so that a step allocates nothing.
+`unsupported(model)`, for a model the C step does not cover (post-norm, no final norm, weights not
+in the kernel layout): such a model decodes through its own PyTorch modules. The struct holds raw
+addresses, so the object keeps a reference to every tensor it points at; the model must not replace
+them (in-place changes are fine). A conversion of the whole model (.double(), .to(device)) is
+noticed by `describes(model)`, and the step is then dropped. The step's working memory is allocated
+once and reused at every token (a block per concurrent caller, made again only for more threads),
+so that a step allocates nothing.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def unsupported(model: nn.Module) -> str | None:
     cfg = model.config
     if cfg.norm_position != "pre":
         return "post-norm blocks"
+    if not cfg.final_norm:  # decode_step.c always normalises before the head
+        return "no final norm (final_norm off)"
     if cfg.norm not in NORMS or cfg.activation not in ACTIVATIONS:
         return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, KernelLinear))]

@@ -31,7 +31,7 @@ def count_params(cfg: GPTConfig) -> dict[str, int]:
     mlp = C * hidden + proj_in * C + ((hidden + C) if cfg.mlp_bias else 0)
     wpe = cfg.block_size * C if cfg.pos_embedding == "learned" else 0
     head = (0 if cfg.tie_weights else V * C) + (V if cfg.lm_head_bias else 0)
-    total = V * C + wpe + N * (attn + mlp + 2 * norm) + norm + head
+    total = V * C + wpe + N * (attn + mlp + 2 * norm) + (norm if cfg.final_norm else 0) + head
     matmul = N * (4 * C * C + C * hidden + proj_in * C) + V * C
     return dict(total=total, matmul=matmul, embeddings=V * C + wpe)
 
@@ -47,9 +47,11 @@ class FlopCount:
     N_matmul counts every weight that multiplies an activation (all Linear weights, lm_head
     included even when tied); embedding lookups, biases, norms and softmax are not matmuls and
     are left out, as FLOP counters do. The attention term: per token and layer, Q K^T costs 2 T C
-    and weights @ V another 2 T C (over all heads), with the full T x T square counted, as the
-    kernels compute it; a causal mask makes half of it useless work. six_n is the popular rule of
-    thumb 6 N per token with N the non-embedding parameters, shown for comparison.
+    and weights @ V another 2 T C (over all heads), with the full T x T square counted: an upper
+    bound, since the causal mask keeps only half of it. The C attention kernel
+    (kernels/train_attention.c) visits only keys 0..i for query i, about half the square; the
+    explicit PyTorch path computes the whole square and masks the upper half. six_n is the popular
+    rule of thumb 6 N per token with N the non-embedding parameters, shown for comparison.
     """
 
     seq_len: int

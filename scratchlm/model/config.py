@@ -52,6 +52,11 @@ class GPTConfig:
     """MLP non-linearity: `relu` (the seed), `gelu` (exact), `gelu_tanh` (GPT-2) or `swiglu`."""
     norm_position: str = "pre"
     """`pre`: x + f(norm(x)), the residual path never normalised; `post`: norm(x + f(x))."""
+    final_norm: bool = True
+    """One more norm, `ln_f`, between the last block and lm_head (GPT-2 and every pre-norm model,
+    whose residual stream is otherwise never normalised). False: no ln_f at all; lm_head reads the
+    last block's output as it is (the tutorial preset: its post-norm block already ends in a norm).
+    A saved config from before this field has none and loads as True, as every such model had ln_f."""
     tie_weights: bool = False
     """Share one (V, C) matrix between the token embedding and lm_head."""
     rope_theta: float = 10000.0
@@ -98,7 +103,7 @@ class GPTConfig:
             value = getattr(self, name)
             if value not in allowed:
                 raise ConfigError(name, f"unknown value {value!r}; choose one of {', '.join(allowed)}")
-        for name in ("tie_weights", "qkv_bias", "proj_bias", "mlp_bias", "lm_head_bias"):
+        for name in ("final_norm", "tie_weights", "qkv_bias", "proj_bias", "mlp_bias", "lm_head_bias"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
         if not _is_number(self.dropout) or not 0.0 <= self.dropout < 1.0:
@@ -130,12 +135,15 @@ class GPTConfig:
     @classmethod
     def from_dict(cls, values: dict[str, Any], complete: bool = False) -> "GPTConfig":
         """The config of `values`; complete=True (a saved model's config) refuses a missing field
-        too, since a default in its place would quietly build another network."""
+        too, since a default in its place would quietly build another network; only a field added
+        after such configs were written (`_ADDED_LATER`) may be missing, its default being what
+        every older model was."""
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
             raise ConfigError(unknown[0], f"not a model config field; known fields: {', '.join(sorted(known))}")
-        missing = [name for name in (f.name for f in fields(cls)) if name not in values]
+        # fields added after models were saved take their defaults, which those models had
+        missing = [f.name for f in fields(cls) if f.name not in values and f.name not in _ADDED_LATER]
         if complete and missing:
             raise ConfigError(missing[0], "missing; a saved model's config names every field (a default "
                                           "could build another network than the one the weights belong to)")
@@ -151,6 +159,9 @@ class GPTConfig:
         if name not in PRESETS:
             raise ConfigError("preset", f"unknown model preset {name!r}; choose one of {', '.join(PRESETS)}")
         return cls.from_dict({**PRESETS[name], **overrides})
+
+
+_ADDED_LATER = frozenset({"final_norm"})
 
 
 def _is_number(value: Any) -> bool:
@@ -190,6 +201,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                      qkv_bias=True, lm_head_bias=False),
     # Every number printable by hand (station 22): 3 tokens, C=2, H=2, V=5.
     "hand": dict(_SEED, vocab_size=5, block_size=3, n_layer=1, n_head=2, n_embd=2),
+    # The hand example of 《第 18 章 · 序列与 Transformer》 (docs/tutorials.md; 床前明 -> 月):
+    # V=5 (床,前,明,月,山), 3 tokens, d=2, one head, sinusoidal positions added to the embeddings, post-norm
+    # (H1 = LayerNorm(X + A), H2 = LayerNorm(H1 + F)), FFN 2 -> 4 -> 2 with ReLU and biases, A = O W_O
+    # without a bias, and H2 straight into logits = H2 W_lm + b_lm: no final norm, head untied.
+    "tutorial": dict(_SEED, vocab_size=5, block_size=3, n_layer=1, n_head=1, n_embd=2, n_inner=4,
+                     pos_embedding="sinusoidal", norm_position="post", final_norm=False, proj_bias=False),
     # GPT-2 small, exactly: the seed's layout but for GELU (tanh form), a tied head without bias,
     # Q/K/V biases and GPT-2's initialisation.
     "gpt2-124m": dict(_SEED, vocab_size=50257, block_size=1024, n_layer=12, n_head=12, n_embd=768,

@@ -4,7 +4,7 @@ Data flow (stations 5-13), with B batch, T sequence length, C width, V vocabular
 
     ids (B, T) -> wte(ids) + positions  (B, T, C)
                -> N x Block             (B, T, C)   shape never changes inside the stack
-               -> ln_f                  (B, T, C)
+               -> ln_f                  (B, T, C)   absent when final_norm is off
                -> lm_head               (B, T, V)   one score per vocabulary entry
 
 Module and parameter names follow GPT-2 (`transformer.wte`, `transformer.h.0.attn.c_attn`, ...),
@@ -233,8 +233,9 @@ class GPT(nn.Module):
             wte=nn.Embedding(config.vocab_size, config.n_embd),  # token embedding table (V, C)
             drop=nn.Dropout(config.dropout),
             h=nn.ModuleList(Block(config, i) for i in range(config.n_layer)),
-            ln_f=make_norm(config),
         )
+        if config.final_norm:
+            layers["ln_f"] = make_norm(config)
         if config.pos_embedding == "learned":
             layers["wpe"] = nn.Embedding(config.block_size, config.n_embd)  # position table (T_max, C)
         self.transformer = nn.ModuleDict(layers)
@@ -322,7 +323,8 @@ class GPT(nn.Module):
         kv_cache: KVCache | None = None,
         attn_weights: list | None = None,
     ) -> torch.Tensor:
-        """ids (B, T) -> final normalised hidden states (B, T, C).
+        """ids (B, T) -> the hidden states lm_head reads (B, T, C): ln_f's output, or the last
+        block's where the config has no final norm.
 
         attention_mask: optional (B, T_total) with 1 for real tokens and 0 for padding (padding
         on the right, so positions count from 0 for every row). kv_cache: continue after the
@@ -356,7 +358,7 @@ class GPT(nn.Module):
                 x = block(x, rope, allowed, kv_cache, attn_weights)
         if kv_cache is not None:
             kv_cache.advance(T)
-        return self.transformer.ln_f(x)  # (B, T, C)
+        return self.transformer.ln_f(x) if "ln_f" in self.transformer else x  # (B, T, C)
 
     @staticmethod
     def _attention_mask(B, T, past, attention_mask, device) -> torch.Tensor | None:

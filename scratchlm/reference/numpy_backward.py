@@ -8,7 +8,8 @@ station first:
 
     loss = mean_t -log softmax(logits_t)[y_t]  ->  dlogits = (probs - onehot(y)) / n
     logits = ln_f W^T + b                      ->  dln_f = dlogits W, dW = dlogits^T ln_f, db = sum dlogits
-    ln_f = norm(out of the last block)         ->  the norm's backward
+    ln_f = norm(out of the last block)         ->  the norm's backward (without a final norm, final_norm
+                                                   off, lm_head reads the last block's output directly)
     each block, last first                     ->  residual branches add their gradients
     x0 = wte[ids] + pos                        ->  dwte[id] += dx0 row, dwpe[t] += dx0 row
 
@@ -211,12 +212,12 @@ def gpt_backward(trace: dict[str, np.ndarray], params: dict[str, np.ndarray], cf
     head = tree.get("lm_head", {})
     tied = "weight" not in head
     head_weight = model["wte"]["weight"] if tied else head["weight"]
-    d_lnf, d_head, d_head_bias = linear_backward(trace["ln_f"], head_weight, d_logits)
+    n_layer, final_norm = _cfg(cfg, "n_layer"), _cfg(cfg, "final_norm")
+    last = trace[f"h{n_layer - 1}.out"] if n_layer else trace["x0"]
+    d_head_in, d_head, d_head_bias = linear_backward(trace["ln_f"] if final_norm else last, head_weight, d_logits)
     if "bias" in head:
         grads["lm_head.bias"] = d_head_bias
-    n_layer = _cfg(cfg, "n_layer")
-    last = trace[f"h{n_layer - 1}.out"] if n_layer else trace["x0"]
-    d = _norm_backward(last, model["ln_f"], cfg, d_lnf, grads, "transformer.ln_f")
+    d = _norm_backward(last, model["ln_f"], cfg, d_head_in, grads, "transformer.ln_f") if final_norm else d_head_in
     rope = (trace["rope_cos"], trace["rope_sin"]) if "rope_cos" in trace else None
     for i in reversed(range(n_layer)):
         d = _block_backward(model["h"][str(i)], cfg, trace, i, d, grads, rope)

@@ -48,8 +48,10 @@ Block i's keys start with `h{i}.`:
     h{i}.mlp_out     (T, C)      mlp_hidden through c_proj: what the MLP adds
     h{i}.resid_2     (T, C)      the MLP's input + mlp_out
     h{i}.out         (T, C)      the block's output (resid_2 for pre-norm, ln_2 for post-norm)
-    ln_f             (T, C)      the final norm of the last block's output
-    logits           (T, V)      ln_f through lm_head: one score per vocabulary entry
+    ln_f             (T, C)      the final norm of the last block's output (absent when final_norm
+                                 is off: there is no such norm)
+    logits           (T, V)      ln_f (without a final norm: the last block's output) through
+                                 lm_head: one score per vocabulary entry
     probs            (T, V)      softmax of logits: the next-token distribution at each position
     loss             ()          mean cross-entropy, only when targets are given
 """
@@ -96,6 +98,7 @@ _DEFAULTS: dict[str, Any] = dict(
     norm_eps=1e-5,
     activation="relu",
     norm_position="pre",
+    final_norm=True,
     tie_weights=False,
     rope_theta=10000.0,
 )
@@ -388,8 +391,9 @@ def _forward(ids: np.ndarray, params: dict[str, np.ndarray], cfg: Any,
     allowed = attention_allowed(T, attention_mask)  # [..., T, T]
     for i in range(_cfg(cfg, "n_layer")):
         x = transformer_block(x, model["h"][str(i)], cfg, allowed, rope, trace, prefix=f"h{i}.")
-    x = _norm(x, model["ln_f"], cfg)  # [..., T, C]
-    _put(trace, "ln_f", x)
+    if _cfg(cfg, "final_norm"):  # else lm_head reads the last block's output as it is
+        x = _norm(x, model["ln_f"], cfg)  # [..., T, C]
+        _put(trace, "ln_f", x)
 
     head = dict(tree.get("lm_head", {}))
     if "weight" not in head:
