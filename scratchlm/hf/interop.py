@@ -364,11 +364,8 @@ def _gpt2_tokenizer_from_vocab(vocab: dict[str, int], merges: list) -> Any:
 
 def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: int | None = None) -> dict[str, Any]:
     """The config.json of the GPT-2 that computes what `config` computes; UserError if none does."""
-    from scratchlm.hf.hf_rotary import NO_FINAL_NORM
-
-    if not config.final_norm:
-        raise UserError(NO_FINAL_NORM)
     refusals = [
+        ("final_norm", not config.final_norm, "GPT-2 normalises before its head (ln_f); train with --final_norm"),
         ("pos_embedding", config.pos_embedding == "rope", "GPT-2 adds position vectors; it cannot rotate Q and K"),
         ("norm", config.norm != "layernorm", "GPT-2 uses LayerNorm with gamma and beta"),
         ("activation", config.activation not in ACTIVATIONS_TO_HF, "GPT-2's MLP has no gated (swiglu) form"),
