@@ -500,6 +500,39 @@ def test_every_numeric_exercise_answer_matches_its_command(capsys, tmp_path, mon
     assert [f"{x:.4f}" for x in by_hand] == ["0.1099", "-0.7093"]
     answered("0.1099", "-0.7093")
 
+    # 12: one attention weight by hand, from the printed q, k and v of head 0
+    s = walk(capsys, EXERCISES, POEM_FORWARD)["stations"]
+    printed = [round(float(x), 4) for x in (s["h0.q"][0, 1, 0], *s["h0.k"][0, :2, 0], *s["h0.v"][0, :2, 0])]
+    assert printed == [1.1976, 0.5, -0.499, 0.2, -0.1996]  # the numbers the question gives
+    q1 = printed[0]
+    scores = [q1 * 0.5, q1 * -0.499]  # hs = 1: no scaling
+    assert [f"{x:.4f}" for x in scores] == ["0.5988", "-0.5976"]
+    assert np.allclose(s["h0.scores"][0, 1, :2], scores, rtol=0, atol=1e-4)
+    w = 1 / (1 + math.exp(-(scores[0] - scores[1])))
+    assert f"{w:.4f}" == "0.7679" and f"{1 - w:.4f}" == "0.2321"
+    assert np.allclose(s["h0.weights"][0, 1], [w, 1 - w, 0], rtol=0, atol=1e-4)
+    out = 0.7679 * 0.2 + 0.2321 * -0.1996  # from the rounded numbers: about 0.107
+    assert f"{out:.3f}" == "0.107" and f"{s['h0.heads'][0, 1, 0]:.4f}" == "0.1072"
+    answered("0.5988", "-0.5976", "1.1964", "0.7679", "0.2321", "0.1072")
+
+    # 13: a gradient by hand: (probs - onehot) / T, summed into lm_head's bias and weight
+    probs = d["stations"]["probs"]  # the training walkthrough of 11
+    assert [f"{x:.4f}" for x in probs[0]] == ["0.6162", "0.1679", "0.0458", "0.0683", "0.1019"]
+    assert [f"{x:.4f}" for x in probs[:, 0]] == ["0.6162", "0.0301", "0.6162"]
+    row0 = [round(x, 4) for x in (0.6162 / 3, (0.1679 - 1) / 3, 0.0458 / 3, 0.0683 / 3, 0.1019 / 3)]
+    assert row0 == [0.2054, -0.2774, 0.0153, 0.0228, 0.034]
+    assert np.allclose(d["dlogits"][0], row0, rtol=0, atol=1e-4)
+    bias = (0.6162 + 0.0301 + 0.6162) / 3
+    assert f"{bias:.4f}" == "0.4208"
+    assert f"{d['grads']['lm_head.bias'][0]:.2e}" == "4.21e-01" == f"{bias:.2e}"
+    ln_f = d["stations"]["ln_f"]
+    assert np.allclose(ln_f, [[-1, 1], [1, -1], [-1, 1]], rtol=0, atol=1e-4)
+    weight = np.array([-1, 1]) * 0.2054 + np.array([1, -1]) * 0.0100 + np.array([-1, 1]) * 0.2054
+    assert [f"{x:.4f}" for x in weight] == ["-0.4008", "0.4008"]
+    assert [f"{x:.2e}" for x in d["grads"]["lm_head.weight"][0]] == ["-4.01e-01", "4.01e-01"]
+    assert d["adamw"]["lm_head.bias"][0] < 0  # the step lowers 床's bias (it starts at 0)
+    answered("0.2054", "-0.2774", "0.0153", "0.0228", "0.0340", "0.4208", "4.21e-01", "-0.4008", "4.01e-01")
+
 
 def test_exercise_gpt2_bytes_per_token(capsys):
     """GPT-2's BPE cuts each of these Chinese characters but 光 into two byte-level pieces; the
