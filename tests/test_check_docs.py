@@ -30,6 +30,18 @@ def printed() -> list[str]:
     return lines
 
 
+@pytest.fixture(scope="module")
+def here() -> "check_docs.Machine":
+    return check_docs.this_machine(check_docs._env())
+
+
+@pytest.fixture(autouse=True)
+def docs_written_here(here, monkeypatch):
+    """The tests' pages are written on this machine (strict comparison) unless a test says otherwise."""
+    monkeypatch.setattr(check_docs, "this_machine", lambda env: here)
+    monkeypatch.setattr(check_docs, "docs_machine", lambda: here)
+
+
 def _page(tmp_path: Path, quoted: list[str], prose: str = "") -> Path:
     page = tmp_path / "page.md"
     page.write_text("\n".join(["# A page", "", "```bash", COMMAND, "```", "", "```", *quoted, "```", "", prose, ""]),
@@ -92,3 +104,47 @@ def test_a_block_inside_a_list_item_is_read_without_its_indent_and_rewritten_wit
     assert check_docs.main([str(page), "--write"]) == 0
     assert page.read_text(encoding="utf-8").splitlines()[7] == "  " + values.rstrip()
     assert check_docs.main([str(page)]) == 0
+
+
+def test_on_a_machine_that_adds_differently_numbers_need_only_be_close(tmp_path, printed, here, monkeypatch, capsys):
+    other = check_docs.Machine("0" * 16, "a machine with other vector units")
+    monkeypatch.setattr(check_docs, "docs_machine", lambda: other)
+    at, values = next((i, line) for i, line in enumerate(printed) if check_docs.DECIMAL.search(line) and "[" in line)
+    close, far = _changed(values), _scaled(values, 1.5)
+    text = "THESEUS: he ar are are an he"  # generated text that another machine's training would not repeat
+    page = _page(tmp_path, [*printed[:at], close, *printed[at + 1 :], text])
+    capsys.readouterr()
+    assert check_docs.main([str(page)]) == 0
+    report = capsys.readouterr().out
+    assert "adds differently" in report and "within 5%" in report and "1 quoted line(s) without numbers not compared" in report
+    assert check_docs.main([str(_page(tmp_path, [*printed[:at], far, *printed[at + 1 :]]))]) == 1
+    assert check_docs.main([str(page), "--write"]) == 2  # a rewrite here would mix two machines' numbers
+    monkeypatch.setattr(check_docs, "docs_machine", lambda: here)
+    assert check_docs.main([str(page)]) == 1  # on the docs' own machine the changed digit fails
+
+
+def test_close_means_within_the_tolerance_of_the_larger():
+    assert check_docs._same("loss 2.9286, ...", "loss 2.9485, x", 0.05) is True
+    assert check_docs._same("loss 2.9286, ...", "loss 2.9485, x") is False
+    assert check_docs._same("loss 2.9286, ...", "loss 3.3145, x", 0.05) is False
+    assert check_docs._stands_for("2.66", "2.6118", 0.05) and not check_docs._stands_for("2.66", "2.6118")
+    assert not check_docs._stands_for("2.66", "3.18", 0.05)
+
+
+def test_the_fingerprint_is_the_same_twice_and_moves_with_the_vector_kernels(here):
+    env = check_docs._env()
+    assert _real_probe(env) == here.fingerprint
+    if "avx2" in here.description.split(", ")[1].split():
+        assert _real_probe({**env, "ATEN_CPU_CAPABILITY": "default"}) != here.fingerprint  # torch's scalar kernels
+
+
+def _real_probe(env: dict[str, str]) -> str:
+    return subprocess.run([sys.executable, "-c", check_docs.PROBE], env=env, capture_output=True, text=True,
+                  check=True).stdout.splitlines()[0]
+
+
+def _scaled(line: str, factor: float) -> str:
+    """The line with its first decimal number multiplied by factor, at the same precision."""
+    number = check_docs.DECIMAL.search(line).group(0)
+    decimals = len(number.split(".")[1]) if "." in number else 0
+    return line.replace(number, f"{float(number.replace(',', '')) * factor:.{decimals}f}", 1)
