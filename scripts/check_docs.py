@@ -147,23 +147,40 @@ def _shell(script: str, cwd: Path, env: dict[str, str], language: str = "bash") 
 
 def run_page(page: Page, cache: Path) -> dict[int, list[str]]:
     """{index of an output block: the lines its commands print}, plus under -1 everything the
-    page's commands printed (what `numbers` markers are checked against)."""
+    page's commands printed (what `numbers` markers are checked against). A page whose commands
+    are those of a page already run (a Chinese twin) gets that page's output: nothing but the
+    commands decides what they print."""
+    runnable = [n for n, b in enumerate(page.blocks) if b.run or (b.kind == "out" and b.command)]
+    key = tuple((page.blocks[n].kind, page.blocks[n].command or "\n".join(page.blocks[n].text)) for n in runnable)
+    if key not in _RAN:
+        _RAN[key] = _run_blocks([page.blocks[n] for n in runnable], cache)
     printed: dict[int, list[str]] = {-1: []}
+    for n, out in zip(runnable, _RAN[key]):
+        block = page.blocks[n]
+        printed[-1] += out
+        if block.command:
+            printed[n] = out
+        elif n + 1 < len(page.blocks) and page.blocks[n + 1].kind == "out" and page.blocks[n + 1].command is None:
+            printed[n + 1] = out
+    return printed
+
+
+_RAN: dict[tuple, list[list[str]]] = {}
+"""What each sequence of commands printed, in this process."""
+
+
+def _run_blocks(blocks: list[Block], cache: Path) -> list[list[str]]:
+    """What each block's commands print, run in order in one scratch folder of their own."""
     env = {**_env(), "SCRATCHLM_CACHE": str(cache)}
     env.pop("SCRATCHLM_TANG_SOURCE", None)
+    outs = []
     with tempfile.TemporaryDirectory(prefix="check-docs-") as tmp:
-        for n, block in enumerate(page.blocks):
-            if block.run:
-                out = _shell("\n".join(block.text), Path(tmp), env, block.kind).splitlines()
-                printed[-1] += out
-                nxt = page.blocks[n + 1] if n + 1 < len(page.blocks) else None
-                if nxt is not None and nxt.kind == "out" and nxt.command is None:
-                    printed[n + 1] = out
-            elif block.kind == "out" and block.command:
-                out = _shell(block.command, Path(tmp), env).splitlines()
-                printed[-1] += out
-                printed[n] = out
-    return printed
+        for block in blocks:
+            if block.command:
+                outs.append(_shell(block.command, Path(tmp), env).splitlines())
+            else:
+                outs.append(_shell("\n".join(block.text), Path(tmp), env, block.kind).splitlines())
+    return outs
 
 
 # --------------------------------------------------------------------------------------------
