@@ -101,3 +101,14 @@ def served(runs):
 
     with Served(RunLibrary(runs=runs)) as s:
         yield s
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium, driven by Playwright (the browser tests skip without them: NEEDS_BROWSER)."""
+    from helpers import CHROMIUM, CHROMIUM_ARGS, pw
+
+    with pw.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

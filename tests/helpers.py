@@ -17,6 +17,7 @@ import json
 import os
 import queue
 import random
+import shutil
 import subprocess
 import sys
 import threading
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import pytest
 import torch
 
 from scratchlm.model.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS, GPTConfig
@@ -167,6 +169,18 @@ def write_mixed_text(path: Path) -> Path:
 def train_serve_run(base: Path, out_dir: Path) -> Path:
     write_mixed_text(base / "text.txt")
     return train_tiny_run(base, out_dir, max_steps=40, checkpoint_interval=40, model_overrides=SERVE_MODEL)
+
+
+CHROMIUM = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+try:
+    import playwright.sync_api as pw
+except ImportError:  # pragma: no cover - the dev extra installs it
+    pw = None
+NEEDS_BROWSER = pytest.mark.skipif(
+    CHROMIUM is None or pw is None,
+    reason="browser tests need Chromium (apt-get install chromium) and playwright (pip install -e '.[dev]')")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
 class Served:

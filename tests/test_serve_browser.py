@@ -23,18 +23,9 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import POEM, TINY_MODEL, Served, active_streams, cli_generate, wait_until
+from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, POEM, TINY_MODEL, Served, active_streams, cli_generate, wait_until
 
-CHROMIUM = os.environ.get("SCRATCHLM_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-try:
-    import playwright.sync_api as pw
-except ImportError:  # pragma: no cover - the dev extra installs it
-    pw = None
-pytestmark = pytest.mark.skipif(
-    CHROMIUM is None or pw is None,
-    reason="browser tests need Chromium (apt-get install chromium) and playwright (pip install -e '.[dev]')")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
+pytestmark = NEEDS_BROWSER
 PICTURES = Path(__file__).resolve().parents[1] / ".test-pictures"
 
 
@@ -45,14 +36,6 @@ def served(runs):
 
     with Served(RunLibrary(runs=runs), Limits(max_new_tokens=100_000)) as s:  # room for the stop test
         yield s
-
-
-@pytest.fixture(scope="module")
-def browser():
-    with pw.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

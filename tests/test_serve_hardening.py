@@ -450,7 +450,8 @@ def test_a_stream_stopped_before_it_began_reports_no_time():
     events = [e for e in stream.made if e is not None]
     assert len(events) == 1 and events[0].startswith("event: done\n")
     done = json.loads(events[0].split("data: ", 1)[1])
-    assert done == {"reason": "stopped", "tokens": 0, "seconds": 0.0, "text": "", "logprob": None}
+    assert done == {"reason": "stopped", "tokens": 0, "seconds": 0.0, "first_token_seconds": None, "text": "",
+                    "logprob": None}
 
 
 def test_connections_idle_after_their_answer_make_room_too(runs):

@@ -5,6 +5,7 @@ trained again under the same checkpoint name, and a checkpoint served alone."""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 import torch
@@ -111,3 +112,28 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
         with Served(RunLibrary(checkpoint=latest_checkpoint(run)), Limits()) as served:
             status, answer = request(served.port, "GET", f"/api/training?run={entry.name}&since=0")
         assert status == 200 and answer["training"] is True and answer["records"]
+
+
+def test_the_default_run_is_the_newest_that_can_generate(tmp_path, runs):
+    """A run just started (metrics, no checkpoint) is newer than the trained one: listed first,
+    marked, and not the default; with no trained run at all the newest is still the default."""
+    import shutil
+
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    folder = tmp_path / "runs"
+    shutil.copytree(runs / "mixed", folder / "trained")
+    young = folder / "young"
+    young.mkdir()
+    (young / "metrics.jsonl").write_text('{"step": 1, "loss": 4.0}\n')
+    later = time.time_ns() + 10_000_000_000  # newer than anything copied, whatever the clock's grain
+    os.utime(young / "metrics.jsonl", ns=(later, later))
+    with Served(RunLibrary(runs=folder), Limits()) as served:
+        listed = request(served.port, "GET", "/api/runs")[1]
+    assert [r["name"] for r in listed["runs"]] == ["young", "trained"]
+    assert listed["runs"][0]["checkpoint"] is None and listed["runs"][1]["checkpoint"] is not None
+    assert listed["default"] == "trained"
+    shutil.rmtree(folder / "trained")
+    with Served(RunLibrary(runs=folder), Limits()) as served:
+        assert request(served.port, "GET", "/api/runs")[1]["default"] == "young"

@@ -57,6 +57,8 @@ def test_the_greedy_stream_equals_scratchlm_generate(served, runs, prompt):
     assert streamed_text(events) == cli_generate(runs / "mixed", prompt, "--greedy", "--max-new-tokens", "60")
     indices = [d["index"] for e, d in events if e == "token"]
     assert indices == list(range(len(indices))) and events[-1][1]["tokens"] == len(indices)
+    done = events[-1][1]  # timed on the server's clock: to the first token, and to the end
+    assert 0 < done["first_token_seconds"] <= done["seconds"]
 
 
 def test_sampled_streams_equal_the_command_line_with_the_same_seed(served, runs):

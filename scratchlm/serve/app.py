@@ -6,7 +6,8 @@ and generated OpenAPI pages would add a dependency (pydantic) and nothing the pa
 
     GET  /                  the page (static/index.html)
     GET  /static/FILE       its script and style, shipped in the package (nothing from the internet)
-    GET  /api/runs          the model picker: the runs that may be shown
+    GET  /api/runs          the model picker: the runs that may be shown, and the default (the newest
+                            with a checkpoint)
     GET  /api/model?run=R   one run's config and the server's limits
     POST /api/generate      {"run", "prompt", sampling options...} -> Server-Sent Events (see streams)
     POST /api/attention     {"run", "text"} -> every layer's and head's attention weights
@@ -225,7 +226,9 @@ class Playground:
 
     async def runs(self, request: Request) -> Response:
         listed = await run_in_threadpool(lambda: [self.library.describe(e) for e in self.library.entries()])
-        return JSONResponse({"runs": listed, "default": listed[0]["name"] if listed else None})
+        ready = [r["name"] for r in listed if r["checkpoint"] is not None and not r.get("error")]
+        default = ready[0] if ready else listed[0]["name"] if listed else None  # the newest that can generate
+        return JSONResponse({"runs": listed, "default": default})
 
     async def model_info(self, request: Request) -> Response:
         loaded = await self.load(request.query_params.get("run"))

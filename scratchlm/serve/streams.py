@@ -18,7 +18,11 @@ Events (each `event: NAME` and `data: JSON`):
          any filter), so they say how sure the model was, whatever the sampling settings; top is
          the likeliest first, equal ones by lower id. p is null where the scores held a NaN or
          an infinity (no probability exists then).
-  done   {"reason", "tokens", "seconds", "text", "logprob"}   reason: length | eos | stop | stopped
+  done   {"reason", "tokens", "seconds", "first_token_seconds", "text", "logprob"}
+         reason: length | eos | stop | stopped (the server is shutting down: a reader that stops
+         a stream goes away and reads no more). seconds: on the server's clock, from taking the
+         request to the end (queued events and the reader's pace included, as the reader lives
+         it); first_token_seconds: to the first token (null: none, or beams).
   error  {"message"}
 """
 
@@ -123,6 +127,7 @@ class GenerationStream:
         self.text: list[str] = []
         self.index, self.reason = 0, "length"
         self.began: float | None = None  # perf_counter() when generation began; None before
+        self.first_token: float | None = None  # seconds from began to the first token
 
     def _stop_asked(self) -> bool:
         """The reader went away, or the server is stopping."""
@@ -154,6 +159,8 @@ class GenerationStream:
             self.text.append(step.text)
             self.reason = step.reason or self.reason
             if step.id is not None:
+                if self.first_token is None:
+                    self.first_token = time.perf_counter() - self.began
                 self._put(token_sse(self.loaded.labels, self.index, step.id, step.text, step.logits))
                 self.index += 1
             return True
@@ -175,7 +182,8 @@ class GenerationStream:
                 self._finish("stopped")
                 return False
             self._put(sse("done", {"reason": result.finish_reasons[0], "tokens": len(result.ids),
-                                   "seconds": time.perf_counter() - self.began, "text": result.text,
+                                   "seconds": time.perf_counter() - self.began, "first_token_seconds": None,
+                                   "text": result.text,
                                    "logprob": result.logprobs[0]}))
             self._put(None)
             return False
@@ -193,7 +201,8 @@ class GenerationStream:
         self._close_steps()
         seconds = 0.0 if self.began is None else time.perf_counter() - self.began  # stopped before it began: none
         self._put(sse("done", {"reason": reason, "tokens": self.index, "seconds": seconds,
-                               "text": "".join(self.text), "logprob": None}))
+                               "first_token_seconds": self.first_token, "text": "".join(self.text),
+                               "logprob": None}))
         self._put(None)
 
     async def events(self) -> AsyncIterator[str]:

@@ -81,12 +81,20 @@ function runsError(message) {
 
 const RUNS_EVERY_MS = 10000;
 
-// One <option> for a run: its name and the step of its checkpoint (as last listed).
+// One <option> for a run: its name, the step of its checkpoint (as last listed), and what keeps
+// it from generating: training now (it generates from its last checkpoint), no checkpoint yet,
+// files that cannot be read.
 function runOption(run) {
   if (typeof run === "string") return el("option", { value: run }, run);
   const step = typeof run.step === "number" ? ` · step ${fmtInt(run.step)}` : "";
-  const model = run.model && run.model.n_layer ? `${run.model.n_layer} layers, ${run.model.n_embd} wide` : null;
-  const option = el("option", { value: run.name, title: model }, run.name + step);
+  const marks = [];
+  if (run.training) marks.push("training");
+  if (run.error) marks.push("cannot be read");
+  else if (!run.checkpoint) marks.push("no checkpoint yet");
+  const marked = marks.length ? ` (${marks.join(", ")})` : "";
+  const model = run.error || (run.model && run.model.n_layer ? `${run.model.n_layer} layers, ${run.model.n_embd} wide` : null);
+  const option = el("option", { value: run.name, title: model }, run.name + step + marked);
+  option.dataset.ready = run.checkpoint && !run.error ? "1" : "0";
   if (run.prompt) option.dataset.prompt = run.prompt;
   return option;
 }
@@ -115,8 +123,10 @@ function runChanged() {
 
 function wire() {
   wireOutput();
+  wireFollow();
+  wireSettings();
   $("#go").addEventListener("click", startGeneration);
-  $("#stop").addEventListener("click", () => gen.controller && gen.controller.abort());
+  $("#stop").addEventListener("click", stopGeneration);
   $("#prompt").addEventListener("keydown", (event) => {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("#go").disabled) startGeneration();
   });
@@ -125,9 +135,13 @@ function wire() {
   window.addEventListener("hashchange", route);
   window.addEventListener("focus", loadRuns);
   setInterval(loadRuns, RUNS_EVERY_MS);
-  // a click or tap outside a token closes its popup; Escape too
+  // a click or tap outside a token closes its popup; Escape too, and it stops a stream
   document.addEventListener("click", (event) => { if (!event.target.closest("#alts")) hideAlts(); });
-  document.addEventListener("keydown", (event) => { if (event.key === "Escape") hideAlts(); });
+  document.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;
+    hideAlts();
+    stopGeneration();
+  });
   // an unexpected failure shows on the page, not only in the console
   window.addEventListener("error", (event) => showError("page-error", event.message));
   window.addEventListener("unhandledrejection", (event) => showError("page-error", String(event.reason)));

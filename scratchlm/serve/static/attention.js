@@ -78,7 +78,7 @@ function drawAttention(data) {
   maps.replaceChildren();
   maps.style.setProperty("--heads", data.n_head);
   data.weights.forEach((layer, l) => layer.forEach((matrix, h) => {
-    const canvas = el("canvas", { "aria-label": `attention of layer ${l}, head ${h}` });
+    const canvas = el("canvas", { role: "img", "aria-label": `attention of layer ${l}, head ${h}` });
     drawHeatmap(canvas, matrix);
     const figure = el("figure", { class: "attmap", "data-layer": l, "data-head": h, tabindex: "0" },
       canvas, el("figcaption", {}, `layer ${l}, head ${h}`));

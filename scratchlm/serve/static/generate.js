@@ -3,8 +3,8 @@
 // model found it; pointing at a token shows the alternatives the model weighed.
 "use strict";
 
-const gen = { controller: null, firstTokenAt: null, startedAt: 0, pending: document.createDocumentFragment(),
-  flushTimer: null };
+const gen = { running: false, stopped: false, reader: null, startedAt: 0, pending: document.createDocumentFragment(),
+  flushTimer: null, start: null, follow: true };
 
 // Read a number input: "" gives null (the setting is off), otherwise an int or a float.
 function numberField(id, integer) {
@@ -32,16 +32,32 @@ function generateRequest() {
   };
 }
 
-// Set the status line and its data-state (idle, running, done, stopped, error).
-function setStatus(state, text) {
+// Set the status line and its data-state (idle, running, done, stopped, error). The status line
+// changes with every batch of tokens; a screen reader hears only `announce`'s few words (the
+// start and the end), said through the quiet live region #announce.
+function setStatus(state, text, announce) {
   const status = $("#status");
   status.dataset.state = state;
   status.textContent = text;
+  if (announce !== undefined) $("#announce").textContent = announce;
 }
 
+// Generate and Stop take turns; the keyboard focus moves with them rather than falling to the page.
 function setRunning(running) {
-  $("#go").disabled = running;
-  $("#stop").disabled = !running;
+  const [from, to] = running ? [$("#go"), $("#stop")] : [$("#stop"), $("#go")];
+  const focused = document.activeElement === from;
+  to.disabled = false;
+  if (focused) to.focus({ preventScroll: true });  // the reader may be following the text below
+  from.disabled = true;
+}
+
+// Stop the stream being read, if any (the Stop button, and Escape anywhere on the page): the
+// answer's reader is cancelled, which closes the connection, and the server stops generating for
+// a reader gone.
+function stopGeneration() {
+  if (!gen.running) return;
+  gen.stopped = true;
+  if (gen.reader) gen.reader.cancel().catch(() => {});
 }
 
 // #go: send the request and read the answer as a stream of Server-Sent Events.
@@ -58,25 +74,28 @@ async function startGeneration() {
   hideAlts();
   const output = $("#output");
   output.replaceChildren(el("span", { class: "prompt" }, body.prompt));
-  for (const name of ["tokens", "seconds", "serverSeconds"]) delete $("#status").dataset[name];
-  setStatus("running", "sending the prompt…");
+  for (const name of ["tokens", "seconds", "firstSeconds"]) delete $("#status").dataset[name];
+  gen.start = null;
+  gen.follow = true;
+  setStatus("running", "sending the prompt…", "generating");
   setRunning(true);
-  gen.controller = new AbortController();
-  gen.firstTokenAt = null;
-  gen.startedAt = performance.now();
+  Object.assign(gen, { running: true, stopped: false, reader: null, startedAt: performance.now() });
   try {
-    const response = await fetch("/api/generate", postJSON(body, gen.controller.signal));
+    const response = await fetch("/api/generate", postJSON(body));
     if (!response.ok) {
       const data = await response.json().catch(() => null);
       throw new Error((data && data.error) || `${response.status} ${response.statusText}`);
     }
-    const finished = await readEvents(response.body, onGenerateEvent);
-    if (!finished) failGeneration("the connection closed before the end of the text");
+    gen.reader = response.body.getReader();
+    if (gen.stopped) gen.reader.cancel().catch(() => {});  // Stop came before the answer
+    const finished = await readEvents(gen.reader, onGenerateEvent);
+    if (gen.stopped && !finished) stoppedGeneration();
+    else if (!finished) failGeneration("the connection closed before the end of the text");
   } catch (err) {
-    if (err.name === "AbortError") stoppedGeneration();
-    else failGeneration(err.message);
+    if (gen.stopped) stoppedGeneration();
+    else failGeneration(err instanceof TypeError ? lostServer(err) : err.message);
   } finally {
-    gen.controller = null;
+    gen.running = false;
     setRunning(false);
   }
 }
@@ -85,8 +104,7 @@ async function startGeneration() {
 // for each whole event. Chunks from the network may hold several events, or part of one, so
 // text is kept in a buffer until a blank line ends an event. Returns true when onEvent said
 // the stream is finished (it returns true for done and error).
-async function readEvents(stream, onEvent) {
-  const reader = stream.getReader();
+async function readEvents(reader, onEvent) {
   const decoder = new TextDecoder();
   let buffer = "";
   for (;;) {
@@ -97,10 +115,28 @@ async function readEvents(stream, onEvent) {
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const block = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
-      if (handleBlock(block, onEvent)) return true;
+      if (handleBlock(block, onEvent)) return drained(reader);
     }
     if (done) return buffer.trim() !== "" && handleBlock(buffer, onEvent);
   }
+}
+
+// The server ends the response right after its last event: read to that end rather than leave
+// the rest of the answer unread.
+async function drained(reader) {
+  try {
+    while (!(await reader.read()).done);
+  } catch (err) {
+    // the text is complete; a connection lost after its last event changes nothing
+  }
+  return true;
+}
+
+// The words for a request that got no answer at all, or lost its connection half-way.
+function lostServer(err) {
+  const n = playground.tokens.length;
+  const where = n ? `the connection to the server broke after ${n} tokens` : "the server did not answer";
+  return `${where}: is scratchlm serve still running? (${err.message})`;
 }
 
 // One event's lines: "event: name" and "data: ..." (several data lines join with a newline);
@@ -124,9 +160,9 @@ function handleBlock(block, onEvent) {
 // What to do with each event of /api/generate; true means the stream is over.
 function onGenerateEvent(name, data) {
   if (name === "start") {
-    const cropped = data.cropped ? " (cropped to the model's context window)" : "";
+    gen.start = data;
     const seed = data.seed !== undefined && data.seed !== null ? `, seed ${data.seed}` : "";
-    setStatus("running", `prompt: ${data.prompt_ids} tokens${cropped}${seed}; generating…`);
+    setStatus("running", `prompt: ${data.prompt_ids} tokens${croppedNote()}${seed}; generating…`);
   } else if (name === "token") {
     addToken(data);
   } else if (name === "done") {
@@ -149,14 +185,13 @@ function pColour(p) {
 
 // Append one generated token to #output as a <span class="tok">.
 function addToken(token) {
-  if (gen.firstTokenAt === null) gen.firstTokenAt = performance.now();
   playground.tokens.push(token);
   const span = el("span", {
     class: "tok",
     "data-index": token.index,
     "data-id": token.id,
     "data-p": String(token.p),
-    tabindex: "0",
+    tabindex: token.index === 0 ? "0" : "-1",  // one Tab stop for the whole text; arrows move within it
   }, token.text);
   // a newline alone, or no text yet (part of a character), would be invisible: CSS marks them
   if (token.text.includes("\n")) span.classList.add("newline");
@@ -175,8 +210,53 @@ function flushTokens() {
   if (gen.flushTimer !== null) clearTimeout(gen.flushTimer);
   gen.flushTimer = null;
   if (gen.pending.childNodes.length) $("#output").append(gen.pending);  // empties the fragment
+  if (gen.follow) keepEndInView();
   const n = playground.tokens.length;
-  if (n && $("#status").dataset.state === "running") setStatus("running", `generating… ${n} tokens`);
+  if (n && $("#status").dataset.state === "running") {
+    setStatus("running", `prompt: ${gen.start ? gen.start.prompt_ids : "?"} tokens${croppedNote()}; ` +
+      `generating… ${n} tokens`);
+  }
+}
+
+const croppedNote = () => (gen.start && gen.start.cropped ? " (cropped to the model's context window)" : "");
+
+// Following the stream: the newest token is kept on screen while it grows (on a phone the
+// output starts below the prompt and the settings), unless the reader scrolls away; scrolling
+// back down to the end follows again.
+function lastShown() {
+  const output = $("#output");
+  return output.lastElementChild || output;
+}
+
+function endInView() {
+  const box = lastShown().getBoundingClientRect();
+  return box.bottom > 0 && box.top < window.innerHeight;
+}
+
+function keepEndInView() {
+  const box = lastShown().getBoundingClientRect();
+  const margin = 24;  // a little room under the newest line
+  if (box.bottom > window.innerHeight - margin) window.scrollBy(0, box.bottom - window.innerHeight + margin);
+  else if (box.top < 0) window.scrollBy(0, box.top - margin);
+}
+
+// The reader scrolling on their own: up stops the following (for this stream); down to where
+// the end is in view follows again.
+function readerScrolled(up) {
+  if (!gen.running) return;
+  if (up) gen.follow = false;
+  else setTimeout(() => { if (endInView()) gen.follow = true; }, 150);  // once the scroll has landed
+}
+
+function wireFollow() {
+  window.addEventListener("wheel", (event) => readerScrolled(event.deltaY < 0), { passive: true });
+  let touchedAt = 0;
+  window.addEventListener("touchstart", () => { touchedAt = window.scrollY; }, { passive: true });
+  window.addEventListener("touchend", () => readerScrolled(window.scrollY < touchedAt), { passive: true });
+  window.addEventListener("keydown", (event) => {
+    const up = { PageUp: true, ArrowUp: true, Home: true, PageDown: false, ArrowDown: false, End: false }[event.key];
+    if (up !== undefined && !event.target.closest("input, textarea, select, #output")) readerScrolled(up);
+  });
 }
 
 // The done event: the summary line, the browser's own timing, and (beam search) the text.
@@ -191,32 +271,41 @@ function finishGeneration(done) {
     $("#output").append(el("span", { class: "tail" }, done.text.slice(streamed.length)));
   }
   const n = received || done.tokens;
-  const browserSeconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
-  // one token (or beams) gives a first-to-last interval near zero: then the server's time is fairer
-  const seconds = browserSeconds > 0.001 && received > 1 ? browserSeconds : done.seconds;
-  const rate = seconds > 0 ? (n / seconds).toFixed(1) : "–";
+  // the server's clock, from taking the request to its last token: tokens reach the page in
+  // batches (SEND_EVERY apart), so the page's own first-to-last interval says little
+  const seconds = done.seconds;
+  const rate = seconds > 0 && n ? `${(n / seconds).toFixed(1)} tokens/s` : "no rate";
+  const first = typeof done.first_token_seconds === "number" ? `, the first after ${fmtSeconds(done.first_token_seconds)}` : "";
   const status = $("#status");
   status.dataset.tokens = n;
-  status.dataset.seconds = browserSeconds.toFixed(3);
-  status.dataset.serverSeconds = done.seconds;
-  const why = { length: "the token limit", eos: "the end-of-text token", stop: "a stop sequence",
-    stopped: "a stop request" }[done.reason] || done.reason;
+  status.dataset.seconds = seconds;
+  if (typeof done.first_token_seconds === "number") status.dataset.firstSeconds = done.first_token_seconds;
   const logprob = typeof done.logprob === "number" ? `, log-probability ${done.logprob.toFixed(3)}` : "";
-  setStatus("done", `${n} tokens in ${seconds.toFixed(2)} s (${rate} tokens/s); ended by ${why}${logprob}`);
+  const line = `${n} tokens in ${fmtSeconds(seconds)} (${rate}${first})${croppedNote()}`;
+  if (done.reason === "stopped") {  // the page's own Stop reads no done event: this one is the server's
+    setStatus("done", `${line}; ended early: the server is shutting down (scratchlm serve was stopped)`, "ended early");
+    return;
+  }
+  const why = { length: "the token limit", eos: "the end-of-text token", stop: "a stop sequence" }[done.reason]
+    || done.reason;
+  setStatus("done", `${line}; ended by ${why}${logprob}`, `done: ${n} tokens`);
 }
+
+// Seconds as a person reads them: "0.42 s", "85 ms".
+const fmtSeconds = (s) => (s < 1 ? `${Math.round(s * 1000)} ms` : `${s.toFixed(2)} s`);
 
 function stoppedGeneration() {
   flushTokens();
   const n = playground.tokens.length;
-  const seconds = (performance.now() - (gen.firstTokenAt ?? gen.startedAt)) / 1000;
+  const seconds = (performance.now() - gen.startedAt) / 1000;
   $("#status").dataset.tokens = n;
-  $("#status").dataset.seconds = seconds.toFixed(3);
-  setStatus("stopped", `stopped after ${n} tokens (${seconds.toFixed(2)} s)`);
+  setStatus("stopped", `stopped after ${n} tokens (${fmtSeconds(seconds)} after Generate)${croppedNote()}`,
+    `stopped after ${n} tokens`);
 }
 
 function failGeneration(message) {
   flushTokens();
-  setStatus("error", "failed");
+  setStatus("error", "failed", "failed");
   showError("gen-error", message);
 }
 
@@ -239,6 +328,26 @@ function wireOutput() {
     event.stopPropagation();  // the page's own click handler would close the popup again
     showAlts(span, true);
   });
+  // the keyboard: Tab reaches the text (one stop), the arrows go from token to token, and the
+  // token in focus shows its popup as pointing at it does
+  output.addEventListener("focusin", (event) => {
+    const span = tokenOf(event);
+    if (!span) return;
+    for (const other of output.querySelectorAll(".tok[tabindex='0']")) other.tabIndex = -1;
+    span.tabIndex = 0;
+    showAlts(span, false);
+  });
+  output.addEventListener("focusout", (event) => {
+    if (tokenOf(event) && !output.contains(event.relatedTarget) && !$("#alts").dataset.pinned) hideAlts();
+  });
+  output.addEventListener("keydown", (event) => {
+    const span = tokenOf(event);
+    const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[event.key];
+    if (!span || !step) return;
+    const next = output.querySelector(`.tok[data-index='${Number(span.dataset.index) + step}']`);
+    if (next) next.focus();
+    event.preventDefault();
+  });
 }
 
 // The popup #alts for one token: its label and p, then the five most likely tokens.
@@ -255,7 +364,8 @@ function showAlts(span, pinned) {
   const inTop = (token.top || []).some((alt) => alt.id === token.id);
   popup.replaceChildren(
     el("div", { class: "alts-head" }, "token ", el("code", {}, token.label), ` · p = ${fmtPct(token.p)}`),
-    el("div", { class: "alts-sub" }, "the most likely tokens at this step:"),
+    el("div", { class: "alts-sub" }, "the model's own probabilities at this step, before temperature and " +
+      "the filters (top-k, top-p, min-p, repetition penalty) reshaped them; the most likely:"),
     list,
   );
   if (!inTop) popup.append(el("div", { class: "alts-sub" }, "(the token taken was not among them)"));
