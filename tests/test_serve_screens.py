@@ -9,12 +9,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from helpers import NEEDS_BROWSER, Served, wait_until
+from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, Served, wait_until
 
 pytestmark = NEEDS_BROWSER
 CROPPED = pytest.mark.filterwarnings("ignore:the prompt has:UserWarning")
@@ -309,3 +311,36 @@ def test_axe_finds_nothing_serious_on_any_tab(screen):
         found[tab] = [f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}" for v in violations
                       if v["impact"] in ("serious", "critical")]
     assert found == {tab: [] for tab in found}
+
+
+def test_chinese_text_with_no_font_to_draw_it_brings_a_hint(browser, served_screens, tmp_path):
+    """A browser whose fontconfig knows only the DejaVu fonts (no Han glyphs) shows the hint once
+    Chinese is typed; one with a Chinese font (fontconfig says which) does not."""
+    dejavu = Path("/usr/share/fonts/truetype/dejavu")
+    if not dejavu.is_dir():
+        pytest.skip("needs the DejaVu fonts (fonts-dejavu-core) for a browser with no Chinese font")
+    conf = tmp_path / "fonts.conf"
+    conf.write_text(f'<?xml version="1.0"?>\n<!DOCTYPE fontconfig SYSTEM "fonts.dtd">\n<fontconfig><dir>{dejavu}</dir>'
+                    f"<cachedir>{tmp_path / 'cache'}</cachedir></fontconfig>\n", encoding="utf-8")
+    bare = browser.browser_type.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS,
+                                       env={**os.environ, "FONTCONFIG_FILE": str(conf)})
+    try:
+        page = bare.new_page()
+        page.goto(f"http://127.0.0.1:{served_screens.port}/#generate")
+        page.wait_for_function("window.playground && window.playground.ready === true")
+        assert not page.is_visible("#font-hint")
+        page.locator("#prompt").press_sequentially("床前明月光")
+        page.wait_for_selector("#font-hint", state="visible", timeout=5_000)
+        assert "fonts-noto-cjk" in page.inner_text("#font-hint")
+    finally:
+        bare.close()
+    has_han_font = subprocess.run(["fc-list", ":lang=zh"], capture_output=True, text=True).stdout.strip() \
+        if shutil.which("fc-list") else ""
+    if has_han_font:  # this machine's own fonts draw Chinese: no hint
+        context, page = _open(browser, served_screens, "desktop")
+        try:
+            page.locator("#prompt").press_sequentially("床前明月光")
+            page.wait_for_timeout(300)
+            assert not page.is_visible("#font-hint")
+        finally:
+            context.close()

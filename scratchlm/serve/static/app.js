@@ -107,6 +107,7 @@ function suggestPrompt() {
   const box = $("#prompt");
   box.placeholder = suggested || "ROMEO:";
   if (!box.value || box.value === playground.suggested) box.value = suggested;
+  fontHint(box.value);
   playground.suggested = suggested;
 }
 
@@ -131,6 +132,7 @@ function wire() {
     if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("#go").disabled) startGeneration();
   });
   $("#att-go").addEventListener("click", loadAttention);
+  for (const box of ["#prompt", "#att-text"]) $(box).addEventListener("input", (event) => fontHint(event.target.value));
   $("#run").addEventListener("change", runChanged);
   window.addEventListener("hashchange", route);
   window.addEventListener("focus", loadRuns);

@@ -62,3 +62,29 @@ const postJSON = (body, signal) => ({
   signal,
 });
 
+
+// Chinese text with no font to draw it shows as boxes, and nothing else says why. Whether this
+// browser has such a font: 床 drawn on a canvas comes out pixel for pixel like a private-use code
+// point no font draws (U+10FFFD), the same empty box, when none has it.
+const HAN = /[\u3400-\u9fff\uf900-\ufaff]/;
+let hanMissing = null;
+
+function hanFontMissing() {
+  if (hanMissing === null) {
+    const drawn = (text) => {
+      const canvas = el("canvas", { width: 40, height: 40 });
+      const ctx = canvas.getContext("2d");
+      ctx.font = "28px sans-serif";
+      ctx.fillText(text, 4, 32);
+      return ctx.getImageData(0, 0, 40, 40).data.join(",");
+    };
+    hanMissing = drawn("床") === drawn("\u{10FFFD}");
+  }
+  return hanMissing;
+}
+
+// Show the font hint when Chinese text is on show (in `texts`) and this browser cannot draw it.
+function fontHint(...texts) {
+  if (!texts.some((t) => HAN.test(t || "")) || !hanFontMissing()) return;
+  $("#font-hint").hidden = false;
+}

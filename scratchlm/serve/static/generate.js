@@ -262,6 +262,7 @@ function wireFollow() {
 // The done event: the summary line, the browser's own timing, and (beam search) the text.
 function finishGeneration(done) {
   flushTokens();
+  fontHint(done.text);
   playground.done = done;
   const received = playground.tokens.length;
   if (!received && done.text) $("#output").append(el("span", { class: "beam-text" }, done.text));
