@@ -307,8 +307,9 @@ def check_numbers(page: Page, printed: list[str], tolerance: float = 0.0) -> lis
 # --------------------------------------------------------------------------------------------
 
 PROBE = """
-import hashlib, platform, sys, torch
+import hashlib, platform, torch
 import torch.nn.functional as F
+from scratchlm.machine.cpu import cpu_flags
 torch.manual_seed(0)
 torch.set_num_threads(1)
 V, C, T, B = 65, 32, 32, 8  # the experiments' character models: width 32, 32 positions, batch 8
@@ -328,12 +329,7 @@ for _ in range(20):
     opt.zero_grad()
     loss.backward()
     opt.step()
-flags = set()
-for line in open("/proc/cpuinfo", encoding="utf-8", errors="replace") if sys.platform == "linux" else []:
-    if line.startswith(("flags", "Features")):
-        flags = set(line.split(":", 1)[1].split())
-        break
-vector = sorted(flags & {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
+vector = sorted(cpu_flags() & {"avx", "avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16",
                          "avx512_fp16", "amx_tile", "amx_bf16", "asimd", "sve", "sve2", "bf16", "i8mm"})
 digest = hashlib.sha256(b"".join(t.detach().numpy().tobytes() for t in w))
 digest.update(f"{torch.__version__} {platform.machine()} {vector}".encode())

@@ -17,6 +17,8 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 import check_docs  # noqa: E402 - after the path line above
 
+PROBE_THIS_MACHINE = check_docs.this_machine  # the real probe, before a fixture stands in for it
+
 COMMAND = 'scratchlm walkthrough --tokens 床,前,明,月,山 --ids 床,前,明 | grep -A3 "  loss = mean"'
 
 
@@ -139,8 +141,7 @@ def test_the_fingerprint_is_the_same_twice_and_moves_with_the_vector_kernels(her
 
 
 def _real_probe(env: dict[str, str]) -> str:
-    return subprocess.run([sys.executable, "-c", check_docs.PROBE], env=env, capture_output=True, text=True,
-                  check=True).stdout.splitlines()[0]
+    return PROBE_THIS_MACHINE(env).fingerprint
 
 
 def _scaled(line: str, factor: float) -> str:

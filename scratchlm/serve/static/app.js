@@ -94,7 +94,6 @@ function runOption(run) {
   const marked = marks.length ? ` (${marks.join(", ")})` : "";
   const model = run.error || (run.model && run.model.n_layer ? `${run.model.n_layer} layers, ${run.model.n_embd} wide` : null);
   const option = el("option", { value: run.name, title: model }, run.name + step + marked);
-  option.dataset.ready = run.checkpoint && !run.error ? "1" : "0";
   if (run.prompt) option.dataset.prompt = run.prompt;
   return option;
 }

@@ -74,12 +74,11 @@ async function startGeneration() {
   hideAlts();
   const output = $("#output");
   output.replaceChildren(el("span", { class: "prompt" }, body.prompt));
-  for (const name of ["tokens", "seconds", "firstSeconds"]) delete $("#status").dataset[name];
-  gen.start = null;
-  gen.follow = true;
+  for (const name of ["tokens", "seconds"]) delete $("#status").dataset[name];
   setStatus("running", "sending the prompt…", "generating");
   setRunning(true);
-  Object.assign(gen, { running: true, stopped: false, reader: null, startedAt: performance.now() });
+  Object.assign(gen, { running: true, stopped: false, reader: null, start: null, follow: true,
+    startedAt: performance.now() });
   try {
     const response = await fetch("/api/generate", postJSON(body));
     if (!response.ok) {
@@ -259,7 +258,7 @@ function wireFollow() {
   });
 }
 
-// The done event: the summary line, the browser's own timing, and (beam search) the text.
+// The done event: the summary line, timed on the server's clock, and (beam search) the text.
 function finishGeneration(done) {
   flushTokens();
   fontHint(done.text);
@@ -280,7 +279,6 @@ function finishGeneration(done) {
   const status = $("#status");
   status.dataset.tokens = n;
   status.dataset.seconds = seconds;
-  if (typeof done.first_token_seconds === "number") status.dataset.firstSeconds = done.first_token_seconds;
   const logprob = typeof done.logprob === "number" ? `, log-probability ${done.logprob.toFixed(3)}` : "";
   const line = `${n} tokens in ${fmtSeconds(seconds)} (${rate}${first})${croppedNote()}`;
   if (done.reason === "stopped") {  // the page's own Stop reads no done event: this one is the server's
