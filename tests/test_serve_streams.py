@@ -64,7 +64,11 @@ def test_the_greedy_stream_equals_scratchlm_generate(served, runs, prompt):
 def test_sampled_streams_equal_the_command_line_with_the_same_seed(served, runs):
     options = {"temperature": 0.9, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.1, "seed": 123}
     events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 50, **options})
-    assert events[0] == ("start", {"prompt_ids": 4, "cropped": False, "seed": 123})
+    from scratchlm.training.checkpoint import load_model
+
+    _, tokenizer, _ = load_model(runs / "mixed")
+    assert events[0] == ("start", {"prompt_ids": 4, "start_ids": tokenizer.encode("The "), "cropped": False,
+                                   "seed": 123})
     expected = cli_generate(runs / "mixed", "The ", "--max-new-tokens", "50", "--temperature", "0.9", "--top-k", "20",
                             "--top-p", "0.95", "--repetition-penalty", "1.1", "--seed", "123")
     assert streamed_text(events) == expected

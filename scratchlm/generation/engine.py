@@ -22,12 +22,12 @@ GREEDY_CHUNK compiled steps per call.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
 
-from scratchlm.errors import ConfigError
+from scratchlm.errors import ConfigError, UserError
 from scratchlm.generation.beam import Stopped, best_first, extend_beams, one_prompt
 from scratchlm.generation.decoding import Decoder, decoder_for
 from scratchlm.generation.sampling import choose_next, make_generator
@@ -113,8 +113,11 @@ class Engine:
 
     @torch.inference_mode()
     def _tokens(self, decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings,
-                generator: torch.Generator | None) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """iter_tokens on the decoder the caller already chose (one lookup per generation)."""
+                generator: torch.Generator | None,
+                forced: Sequence[int] = ()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """iter_tokens on the decoder the caller already chose (one lookup per generation). The
+        first len(forced) steps take those ids instead of choosing (the scores are still computed
+        and yielded, and no random number is drawn): a continuation from a token the reader chose."""
         if idx.dim() != 2 or idx.shape[1] == 0:
             raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
         device, _ = decoder.device_dtype
@@ -133,11 +136,15 @@ class Engine:
         chunks = _GreedyChunks(decoder) if sampling.is_greedy and not (penalise or cut) and cache is not None else None
         with eval_mode(decoder.model):
             while n < seq.shape[1]:
-                chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None else None
+                given = n - T0 < len(forced)
+                chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None and not given else None
                 if chunk is None:  # one step: the scores, then the choice
                     logits = _next_logits(decoder, seq[:, :n], cache)
                     logits = logits[:, :vocab] if cut else logits
-                    next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
+                    if given:
+                        next_ids = torch.full((B,), forced[n - T0], dtype=torch.long, device=device)
+                    else:
+                        next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
                     chunk = next_ids[None], logits[None]
                 for next_ids, logits in zip(*chunk):
                     seq[:, n] = next_ids
@@ -232,11 +239,14 @@ class Engine:
             pass
         return GenerationResult.of_rows(rows, prompt_ids, cropped)
 
-    def stream_tokens(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> TokenSteps:
+    def stream_tokens(self, prompt: str, settings: GenerationSettings | None = None, *,
+                      forced: Sequence[int] = (), **fields) -> TokenSteps:
         """`stream` one token at a time: a TokenStep per token chosen (an end-of-text token too,
         with text ""), then one with id None holding whatever text was held back to the end. The
         texts join to exactly `generate(...).text` with the same settings; each step's logits are
-        the scores its token was chosen from (softmax them for the model's probabilities)."""
+        the scores its token was chosen from (softmax them for the model's probabilities).
+        forced: ids the first steps take instead of choosing (they count in max_new_tokens), to
+        continue from a token the reader chose; their text and scores come as any step's."""
         # Checked and encoded now, not at the first next(): errors and the crop warning come
         # before the caller prints anything.
         settings = GenerationSettings.of(settings, **fields)
@@ -244,7 +254,10 @@ class Engine:
             if getattr(settings, name) != 1:
                 raise ConfigError(name, "a stream is one sampled continuation; use generate for more")
         prompt_ids, start_ids, cropped = encode_prompt(self.config, self.tokenizer, prompt)
-        steps = token_steps(sample_rows(self, start_ids, settings), IncrementalText(settings.stop))
+        bad = sorted({i for i in forced if not 0 <= i < self.config.vocab_size})
+        if bad:
+            raise UserError(f"forced ids {bad[:5]} are outside the model's vocabulary (0..{self.config.vocab_size - 1})")
+        steps = token_steps(sample_rows(self, start_ids, settings, forced), IncrementalText(settings.stop))
         return TokenSteps(steps, prompt_ids, cropped)
 
     def stream(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> Iterator[str]:
@@ -254,16 +267,17 @@ class Engine:
         return (step.text for step in steps if step.text)
 
 
-def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettings) -> Rows:
+def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettings,
+                forced: Sequence[int] = ()) -> Rows:
     """Sample settings.num_samples continuations of one prompt in one batch with `engine`. Yield
     (the rows, the ids chosen (S,), the raw logits (S, V) they were chosen from) after every step,
     the step that ends the last row included, and once more, (rows, None, None), after they are
-    all finished."""
+    all finished. The first steps take the ids in `forced`, if any (see Engine._tokens)."""
     decoder = engine.decoder(settings.max_new_tokens)
     device, _ = decoder.device_dtype
     rows = [TextRow(engine.tokenizer, engine.eos_id, settings.stop) for _ in range(settings.num_samples)]
     idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
-    tokens = engine._tokens(decoder, idx, settings, make_generator(settings.seed, device))
+    tokens = engine._tokens(decoder, idx, settings, make_generator(settings.seed, device), forced)
     try:
         for next_ids, logits in tokens:
             for row, token in zip(rows, next_ids.tolist()):

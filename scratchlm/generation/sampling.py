@@ -168,6 +168,26 @@ def choose_next(
     return drawn if candidates is None else candidates.gather(-1, drawn[:, None]).squeeze(-1)
 
 
+def sampling_probs(logits: torch.Tensor, previous: torch.Tensor | None = None, options: SamplingOptions | None = None,
+                   **fields) -> torch.Tensor:
+    """The distribution `choose_next` draws from, to show it: logits (B, V) -> probabilities (B, V),
+    float64, after the repetition penalty, temperature, top-k, top-p and min-p; a filtered token
+    has exactly 0. Greedy puts all of it on the token greedy takes."""
+    o = SamplingOptions.of(options, **fields)
+    if previous is not None:
+        logits = apply_repetition_penalty(logits, previous, o.repetition_penalty)
+    if o.is_greedy:
+        return F.one_hot(greedy_ids(logits), logits.shape[-1]).double()
+    logits = apply_temperature(logits, o.temperature)
+    if o.top_k is not None:
+        logits = top_k_filter(logits, o.top_k)
+    if o.top_p is not None:
+        logits = top_p_filter(logits, o.top_p)
+    if o.min_p is not None:
+        logits = min_p_filter(logits, o.min_p)
+    return F.softmax(logits.double(), dim=-1)
+
+
 @dataclass(frozen=True)
 class SamplingOptions:
     """How each next token is chosen (`choose_next`), checked once when made: a value with no

@@ -168,7 +168,7 @@ def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
 
 
 GENERATE_FIELDS = ("run", "prompt", "max_new_tokens", "beams", "length_penalty", "seed", "temperature", "top_k",
-                   "top_p", "min_p", "repetition_penalty", "greedy")
+                   "top_p", "min_p", "repetition_penalty", "greedy", "forced")
 
 
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
@@ -202,8 +202,21 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     return GenerateRequest(
         prompt=_text(data, "prompt", limits), max_new_tokens=max_new,
         seed=secrets.randbelow(2**31) if seed is None else seed, beams=beams,
-        length_penalty=length_penalty, sampling=sampling,
+        length_penalty=length_penalty, sampling=sampling, forced=_forced(data, beams, limits),
     )
+
+
+def _forced(data: dict[str, Any], beams: int, limits: Limits) -> list[int]:
+    """"forced": the ids a continuation starts with (the tokens kept, then the one the reader
+    chose instead); their range is checked against the model's vocabulary by the engine."""
+    forced = _field(data, "forced", list, [])
+    if len(forced) > limits.max_new_tokens:
+        raise BadRequest(f"forced: at most {limits.max_new_tokens} ids, got {len(forced)}")
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in forced):
+        raise BadRequest("forced: expected a list of token ids (whole numbers)")
+    if forced and beams > 1:
+        raise BadRequest("forced: a continuation from a chosen token is sampled; beams must be 1")
+    return forced
 
 
 class Playground:
@@ -248,6 +261,9 @@ class Playground:
         loaded = await self.load(data.get("run"))
         # text the tokenizer cannot encode is a bad request (400, as on the attention tab), not a stream
         await self.on_model_thread(loaded.tokenizer.encode, req.prompt)
+        vocab = loaded.model.config.vocab_size
+        if any(not 0 <= i < vocab for i in req.forced):
+            raise BadRequest(f"forced: token ids are 0..{vocab - 1} for this model")
         if self.streams >= self.limits.streams:
             raise BadRequest(f"{self.limits.streams} generations are running; try again when one ends", 503)
         self.streams += 1

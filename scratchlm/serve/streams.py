@@ -12,12 +12,16 @@ the network: a slow reader lets its events queue (MAX_QUEUED, then its stream pa
 reader that goes away cancels its stream, which the model thread drops before its next step.
 
 Events (each `event: NAME` and `data: JSON`):
-  start  {"prompt_ids", "cropped", "seed"}   (beam search sends done alone, at its end)
-  token  {"index", "id", "label", "text", "p", "top": [{"id", "label", "p"}, ...]}
+  start  {"prompt_ids", "start_ids", "cropped", "seed"}   (beam search sends done alone, at its end)
+         start_ids: the ids the model starts from (the prompt's, its last block_size when cropped)
+  token  {"index", "id", "label", "text", "p", "q", "forced", "top": [{"id", "label", "p", "q"}, ...]}
          p and top are the model's own softmax of the step's raw scores (before temperature or
          any filter), so they say how sure the model was, whatever the sampling settings; top is
          the likeliest first, equal ones by lower id. p is null where the scores held a NaN or
-         an infinity (no probability exists then).
+         an infinity (no probability exists then). q is the probability the token had in the
+         draw: after the repetition penalty, temperature, top-k, top-p and min-p (0: filtered
+         out; greedy: 1 for the token taken, 0 for the rest). forced: the request gave this token
+         (a continuation from a token the reader chose) rather than the draw choosing it.
   done   {"reason", "tokens", "seconds", "first_token_seconds", "text", "logprob"}
          reason: length | eos | stop | stopped (the server is shutting down: a reader that stops
          a stream goes away and reads no more). seconds: on the server's clock, from taking the
@@ -41,6 +45,7 @@ from typing import Any
 
 import torch
 
+from scratchlm.generation.sampling import SamplingOptions, sampling_probs
 from scratchlm.serve.labels import Labels
 from scratchlm.serve.library import Loaded
 
@@ -61,26 +66,33 @@ class GenerateRequest:
     beams: int = 1
     length_penalty: float = 1.0
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, min_p, ...
+    forced: list[int] = field(default_factory=list)  # ids the first steps take (see Engine.stream_tokens)
 
     @property
     def settings(self):
-        """The request as one generation's settings (a GenerationSettings)."""
+        """The request as one generation's settings (a GenerationSettings): max_new_tokens new
+        tokens after the forced ones."""
         from scratchlm.generation.settings import GenerationSettings
 
-        return GenerationSettings.of(max_new_tokens=self.max_new_tokens, seed=self.seed, beams=self.beams,
-                                     length_penalty=self.length_penalty, **self.sampling)
+        return GenerationSettings.of(max_new_tokens=self.max_new_tokens + len(self.forced), seed=self.seed,
+                                     beams=self.beams, length_penalty=self.length_penalty, **self.sampling)
 
 
-def token_sse(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor) -> str:
-    """The token event as SSE text, for logits (V,) the step's raw scores. Written as JSON text
+def token_sse(labels: Labels, index: int, token: int, text: str, logits: torch.Tensor,
+              drawn: torch.Tensor | None = None, forced: bool = False) -> str:
+    """The token event as SSE text, for logits (V,) the step's raw scores and drawn (V,) the
+    distribution the draw used (sampling_probs; None: the raw scores' own). Written as JSON text
     around the labels' cached literals, with torch's softmax and top-k: dicts, json.dumps and a
     dozen NumPy calls cost about twice as much, and at a small model every token pays it on the
     model's thread (measurements.md)."""
     probs = torch.softmax(logits.detach().double(), -1)  # the model's own distribution, of the raw scores
+    drawn = probs if drawn is None else drawn
     top = _likeliest(probs, TOP_ALTERNATIVES)
-    alternatives = ",".join(f'{{"id":{i},"label":{labels[i]},"p":{_number(p)}}}' for p, i in top)
+    alternatives = ",".join(f'{{"id":{i},"label":{labels[i]},"p":{_number(p)},"q":{_number(float(drawn[i]))}}}'
+                            for p, i in top)
     return (f'event: token\ndata: {{"index":{index},"id":{token},"label":{labels[token]},'
             f'"text":{json.dumps(text, ensure_ascii=False)},"p":{_number(float(probs[token]))},'
+            f'"q":{_number(float(drawn[token]))},"forced":{"true" if forced else "false"},'
             f'"top":[{alternatives}]}}\n\n')
 
 
@@ -126,6 +138,8 @@ class GenerationStream:
         self.steps = None
         self.text: list[str] = []
         self.index, self.reason = 0, "length"
+        self.ids: list[int] = []  # the model's sequence: the ids it started from, then each token
+        self.options = None  # the SamplingOptions, when they change the model's distribution
         self.began: float | None = None  # perf_counter() when generation began; None before
         self.first_token: float | None = None  # seconds from began to the first token
 
@@ -161,7 +175,10 @@ class GenerationStream:
             if step.id is not None:
                 if self.first_token is None:
                     self.first_token = time.perf_counter() - self.began
-                self._put(token_sse(self.loaded.labels, self.index, step.id, step.text, step.logits))
+                forced = self.index < len(self.request.forced)
+                self._put(token_sse(self.loaded.labels, self.index, step.id, step.text, step.logits,
+                                    self._drawn(step.logits), forced))
+                self.ids.append(step.id)
                 self.index += 1
             return True
         except Exception as exc:  # noqa: BLE001 - reported to the page as one line, not a dead stream
@@ -187,10 +204,20 @@ class GenerationStream:
                                    "logprob": result.logprobs[0]}))
             self._put(None)
             return False
-        self.steps = engine.stream_tokens(r.prompt, r.settings)
-        self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "cropped": self.steps.cropped,
-                                "seed": r.seed}))
+        self.steps = engine.stream_tokens(r.prompt, r.settings, forced=r.forced)
+        self.ids = self.steps.prompt_ids[-self.loaded.model.config.block_size:]
+        options = SamplingOptions(**r.sampling)
+        self.options = None if options == SamplingOptions() else options  # defaults: the raw scores' softmax
+        self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "start_ids": self.ids,
+                                "cropped": self.steps.cropped, "seed": r.seed}))
         return True
+
+    def _drawn(self, logits: torch.Tensor) -> torch.Tensor | None:
+        """The distribution this step's draw used (None: the model's own, no setting changed it)."""
+        if self.options is None:
+            return None
+        previous = torch.tensor([self.ids]) if self.options.repetition_penalty != 1 else None
+        return sampling_probs(logits.detach()[None], previous, self.options)[0]
 
     def _close_steps(self) -> None:
         if self.steps is not None:
