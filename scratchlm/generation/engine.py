@@ -109,47 +109,7 @@ class Engine:
             position instead of up to `block_size`.
         """
         settings = GenerationSettings.of(settings, **fields)
-        return self._tokens(self.decoder(settings.max_new_tokens), idx, settings, generator)
-
-    @torch.inference_mode()
-    def _tokens(self, decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings,
-                generator: torch.Generator | None,
-                forced: Sequence[int] = ()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """iter_tokens on the decoder the caller already chose (one lookup per generation). The
-        first len(forced) steps take those ids instead of choosing (the scores are still computed
-        and yielded, and no random number is drawn): a continuation from a token the reader chose."""
-        if idx.dim() != 2 or idx.shape[1] == 0:
-            raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
-        device, _ = decoder.device_dtype
-        if generator is None and settings.seed is not None:
-            generator = make_generator(settings.seed, device)
-        B, T0 = idx.shape
-        # One buffer for the whole sequence, written in place: no concatenation per step.
-        seq = torch.empty(B, T0 + settings.max_new_tokens, dtype=torch.long, device=device)
-        seq[:, :T0] = idx
-        n = T0
-        sampling = settings.sampling
-        penalise = sampling.repetition_penalty != 1.0
-        cache = self._cache(decoder, B)
-        vocab = self.vocab
-        cut = vocab is not None and vocab < decoder.model.config.vocab_size
-        chunks = _GreedyChunks(decoder) if sampling.is_greedy and not (penalise or cut) and cache is not None else None
-        with eval_mode(decoder.model):
-            while n < seq.shape[1]:
-                given = n - T0 < len(forced)
-                chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None and not given else None
-                if chunk is None:  # one step: the scores, then the choice
-                    logits = _next_logits(decoder, seq[:, :n], cache)
-                    logits = logits[:, :vocab] if cut else logits
-                    if given:
-                        next_ids = torch.full((B,), forced[n - T0], dtype=torch.long, device=device)
-                    else:
-                        next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
-                    chunk = next_ids[None], logits[None]
-                for next_ids, logits in zip(*chunk):
-                    seq[:, n] = next_ids
-                    n += 1
-                    yield next_ids, logits
+        return token_loop(self, self.decoder(settings.max_new_tokens), idx, settings, generator)
 
     def generate_ids(self, idx: torch.Tensor, settings: GenerationSettings | None = None, *,
                      generator: torch.Generator | None = None, **fields) -> torch.Tensor:
@@ -166,7 +126,7 @@ class Engine:
         steps = []
         eos_id = self.eos_id
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device) if eos_id is not None else None
-        for next_ids, _ in self._tokens(decoder, idx, settings, generator):
+        for next_ids, _ in token_loop(self, decoder, idx, settings, generator):
             if done is not None:
                 next_ids = next_ids.masked_fill(done, eos_id)
                 done |= next_ids == eos_id
@@ -272,12 +232,12 @@ def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettin
     """Sample settings.num_samples continuations of one prompt in one batch with `engine`. Yield
     (the rows, the ids chosen (S,), the raw logits (S, V) they were chosen from) after every step,
     the step that ends the last row included, and once more, (rows, None, None), after they are
-    all finished. The first steps take the ids in `forced`, if any (see Engine._tokens)."""
+    all finished. The first steps take the ids in `forced`, if any (see token_loop)."""
     decoder = engine.decoder(settings.max_new_tokens)
     device, _ = decoder.device_dtype
     rows = [TextRow(engine.tokenizer, engine.eos_id, settings.stop) for _ in range(settings.num_samples)]
     idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
-    tokens = engine._tokens(decoder, idx, settings, make_generator(settings.seed, device), forced)
+    tokens = token_loop(engine, decoder, idx, settings, make_generator(settings.seed, device), forced)
     try:
         for next_ids, logits in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -290,6 +250,46 @@ def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettin
     for row in rows:
         row.finish()
     yield rows, None, None
+
+
+@torch.inference_mode()
+def token_loop(engine: Engine, decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings,
+               generator: torch.Generator | None, forced: Sequence[int] = ()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Engine.iter_tokens on the decoder the caller already chose (one lookup per generation). The
+    first len(forced) steps take those ids instead of choosing (the scores are still computed
+    and yielded, and no random number is drawn): a continuation from a token the reader chose."""
+    if idx.dim() != 2 or idx.shape[1] == 0:
+        raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
+    device, _ = decoder.device_dtype
+    if generator is None and settings.seed is not None:
+        generator = make_generator(settings.seed, device)
+    B, T0 = idx.shape
+    # One buffer for the whole sequence, written in place: no concatenation per step.
+    seq = torch.empty(B, T0 + settings.max_new_tokens, dtype=torch.long, device=device)
+    seq[:, :T0] = idx
+    n = T0
+    sampling = settings.sampling
+    penalise = sampling.repetition_penalty != 1.0
+    cache = engine._cache(decoder, B)
+    vocab = engine.vocab
+    cut = vocab is not None and vocab < decoder.model.config.vocab_size
+    chunks = _GreedyChunks(decoder) if sampling.is_greedy and not (penalise or cut) and cache is not None else None
+    with eval_mode(decoder.model):
+        while n < seq.shape[1]:
+            given = n - T0 < len(forced)
+            chunk = chunks.run(seq[:, :n], cache, seq.shape[1] - n) if chunks is not None and not given else None
+            if chunk is None:  # one step: the scores, then the choice
+                logits = _next_logits(decoder, seq[:, :n], cache)
+                logits = logits[:, :vocab] if cut else logits
+                if given:
+                    next_ids = torch.full((B,), forced[n - T0], dtype=torch.long, device=device)
+                else:
+                    next_ids = choose_next(logits, seq[:, :n] if penalise else None, sampling, generator=generator)
+                chunk = next_ids[None], logits[None]
+            for next_ids, logits in zip(*chunk):
+                seq[:, n] = next_ids
+                n += 1
+                yield next_ids, logits
 
 
 def _next_logits(decoder: Decoder, seq: torch.Tensor, cache: KVCache | None) -> torch.Tensor:
