@@ -1,7 +1,7 @@
 """What a training run tells: a line of JSON per event in the run's metrics.jsonl (for `scratchlm
 plot` and anyone else), and lines or a progress bar for the person watching. `Reporter` writes
-them; `RunLog` words each of a run's events (its start, a step, a skipped update, an evaluation,
-a sample, a checkpoint, a stop, its end).
+them; `RunLog` words each of a run's events (its start, a step, a skipped update, an evaluation's
+start and its result, a sample, a checkpoint, a stop, its end).
 """
 
 from __future__ import annotations
@@ -127,6 +127,9 @@ class RunLog(Reporter):
         limit = cfg.time_limit
         seconds = state.time_share * limit if limit else None
         if step == state.start_step + 1 or step % cfg.log_interval == 0 or last:
+            # seconds trained so far, earlier sittings included (the end record's elapsed_s is this
+            # sitting's); with a time limit, by the clock the limit goes by
+            record["trained_s"] = seconds if seconds is not None else state.elapsed()
             dt = now - state.t_last
             tok_s = (state.tokens_seen - state.tokens_last) / dt if dt > 0 else 0.0
             state.t_last, state.tokens_last = now, state.tokens_seen
@@ -152,6 +155,11 @@ class RunLog(Reporter):
         step, in_a_row = self.state.step, self.state.bad_in_row
         self.record("bad_step", step=step, loss=str(loss), in_a_row=in_a_row)
         self.say(f"step {step}: non-finite loss ({loss}), update skipped ({in_a_row} in a row)")
+
+    def evaluating(self, full: bool) -> None:
+        """An evaluation begins (its result, the "eval" record, comes when it is done): so that a
+        reader of the log can tell a long evaluation from training."""
+        self.record("eval_start", step=self.state.step, full=full)
 
     def evaluation(self, val_loss: float, bpb: float, full: bool) -> None:
         step, ppl = self.state.step, math.exp(min(val_loss, 50.0))

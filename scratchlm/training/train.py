@@ -217,6 +217,7 @@ def _evaluate(setup: RunSetup, parts: TrainParts, log: RunLog, last: bool) -> tu
     cfg = setup.cfg
     full = last and (len(setup.val_tokens) - 1) // setup.block_size <= cfg.full_eval_windows
     measure = evaluate_full if full else evaluate
+    log.evaluating(full)
     val_loss = measure(parts.model, setup.val_tokens, cfg, setup.block_size, setup.device, setup.d)
     bpb = val_loss / math.log(2) / setup.bytes_per_token
     log.evaluation(val_loss, bpb, full)
