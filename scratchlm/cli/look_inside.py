@@ -248,16 +248,10 @@ def _tokenizer_for(args, text: str):
     return get_tokenizer("gpt2", tokenizer_file=args.tokenizer_file), "GPT-2's 50,257 ids"
 
 
-WALK_CHECKPOINT_MAX_TOKENS = 32
-"""The longest input walked through a checkpoint: its (T, T) scores print one row per token."""
-
-
 def _walk_checkpoint(args) -> int:
-    import torch
-
     from scratchlm.training.checkpoint import load_model
-    from scratchlm.inside.tokenize_view import piece_labels, visible
-    from scratchlm.inside.walkthrough import format_focus, walkthrough_json, walkthrough_of
+    from scratchlm.inside.walkthrough import format_focus, walkthrough_json
+    from scratchlm.inside.walkthrough_run import label_of, text_row, walk_limit, walk_run
     from scratchlm.inside.walkthrough_train import (default_targets, format_training_summary, training_json,
                                              training_walk)
 
@@ -274,31 +268,22 @@ def _walk_checkpoint(args) -> int:
     if args.ids is not None:
         ids = _id_list(args.ids, "--ids", None)
         targets = None if args.targets is None else _id_list(args.targets, "--targets", None)
-    else:  # the text is a training row: BOS (a document's start), then its ids; x = row[:-1], y = row[1:]
-        row = [tokenizer.bos_id, *tokenizer.encode(args.text if args.text is not None else "ROMEO:")]
-        ids, targets = row[:-1], row[1:]
-    if not ids or len(ids) > min(cfg.block_size, WALK_CHECKPOINT_MAX_TOKENS) or any(not 0 <= i < cfg.vocab_size for i in ids):
-        raise UserError(f"the input must be 1 to {min(cfg.block_size, WALK_CHECKPOINT_MAX_TOKENS)} tokens with ids in "
+    else:  # the text is a training row: BOS (a document's start), then its ids
+        ids, targets = text_row(tokenizer, args.text if args.text is not None else "ROMEO:")
+    most = walk_limit(model)
+    if not ids or len(ids) > most or any(not 0 <= i < cfg.vocab_size for i in ids):
+        raise UserError(f"the input must be 1 to {most} tokens with ids in "
                         f"0..{cfg.vocab_size - 1}; got {len(ids)} tokens")
     for flag, value, n in (("--layer", args.layer, cfg.n_layer), ("--head", args.head, cfg.n_head)):
         if not 0 <= value < n:
             raise UserError(f"{flag} {value} does not exist; the model has {n} (0..{n - 1})")
-    for module in model.modules():  # the walk compares with NumPy, which has no dropout
-        if isinstance(module, torch.nn.Dropout):
-            module.p = 0.0
-        if isinstance(getattr(module, "dropout", None), float):
-            module.dropout = 0.0
-    cfg.dropout = 0.0
-    model = model.double()  # float64 on both sides: differences at rounding level, ~1e-15
-    name = (lambda i: visible(tokenizer.decode([i]))) if tokenizer is not None else str  # noqa: E731
-    labels = piece_labels(tokenizer, ids) if tokenizer is not None else [str(i) for i in ids]
-    w = walkthrough_of(model, ids, preset=str(args.checkpoint), init="trained")
-    probs = {s.key: s for s in w.steps}["probs"].torch[-1]
-    top = [(int(i), name(int(i)), float(probs[i])) for i in probs.argsort()[::-1][:5]]
+    # loaded for this walk alone: changed in place (dropout off, float64), not copied
+    run = walk_run(model, tokenizer, ids, str(args.checkpoint), in_place=True)
+    w, labels, top = run.walk, run.labels, run.top
     targets = default_targets(ids, cfg.vocab_size) if targets is None else targets
     if len(targets) != len(ids) or any(not 0 <= t < cfg.vocab_size for t in targets):
         raise UserError(f"--targets: give {len(ids)} ids in 0..{cfg.vocab_size - 1}, one per input id")
-    tw = None if args.forward_only else training_walk(model, ids, targets, lr=args.lr, seed=args.seed)
+    tw = None if args.forward_only else training_walk(run.model, ids, targets, lr=args.lr, seed=args.seed)
     if args.json:
         data = {**walkthrough_json(w), "labels": labels, "next": top}
         if tw is not None:
@@ -307,7 +292,7 @@ def _walk_checkpoint(args) -> int:
         return 0
     text = format_focus(w, args.layer, args.head, labels, top, str(args.checkpoint))
     if tw is not None:
-        text += format_training_summary(tw, labels, [name(t) for t in targets])
+        text += format_training_summary(tw, labels, [label_of(tokenizer, t) for t in targets])
     print(text)
     return 0
 

@@ -1,1 +1,1 @@
-"""The teaching views: parameter and shape tables (`introspect`), every matrix of a hand-sized forward and training step (`walkthrough`, `walkthrough_train`), attention pictures (`attention_maps`) and a text cut into tokens (`tokenize_view`)."""
+"""The teaching views: parameter and shape tables (`introspect`), every matrix of a hand-sized forward and training step (`walkthrough`, `walkthrough_train`) and of a trained run's forward pass on a text (`walkthrough_run`), attention pictures (`attention_maps`) and a text cut into tokens (`tokenize_view`)."""

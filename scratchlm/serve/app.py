@@ -9,14 +9,16 @@ and generated OpenAPI pages would add a dependency (pydantic) and nothing the pa
     GET  /api/runs          the model picker: the runs that may be shown, and the default (the newest
                             with a checkpoint)
     GET  /api/model?run=R   one run's config and the server's limits
-    POST /api/generate      {"run", "prompt", sampling options...} -> Server-Sent Events (see streams)
-    POST /api/attention     {"run", "text"} -> every layer's and head's attention weights
+    POST /api/generate      {"run", "prompt", sampling options..., "forced"} -> Server-Sent Events (see streams)
+    POST /api/attention     {"run", "text"} or {"run", "ids"} -> every layer's and head's attention weights
     GET  /api/inside?run=R  the shape trace and parameter table (what `scratchlm inspect` shows)
     GET  /api/walkthrough   the hand-size model's forward pass, station by station
+    POST /api/walkthrough   {"run", "text"} -> that run's forward pass on the text, station by station
+                            (at most its first 32 tokens: scratchlm.inside.walkthrough_run)
     GET  /api/training?run=R&since=OFFSET   the run's metrics records written since OFFSET, and lines skipped
 
 Every request's work is bounded (see Limits): the body (its size and its JSON's depth), the
-prompt, the tokens asked for, the attention text, the number of streams at once, the numbers in a
+prompt, the tokens asked for, the attention text or ids, the number of streams at once, the numbers in a
 query, and the time and connections a client may hold (guard.py, which also answers only this
 server's own Host names and, on the API, only its own page). All torch work runs on one thread
 (streams.ModelThread: why, there); the event loop and a small pool only read files and send.
@@ -282,15 +284,20 @@ class Playground:
 
     async def attention(self, request: Request) -> Response:
         data = await _json_body(request, self.limits)
-        text = _text(data, "text", self.limits)
+        source = attention_source(data, self.limits)
         loaded = await self.load(data.get("run"))
-        return JSONResponse(await self.on_model_thread(attention_data, loaded, text, self.limits))
+        return JSONResponse(await self.on_model_thread(attention_data, loaded, source, self.limits))
 
     async def inside(self, request: Request) -> Response:
         loaded = await self.load(request.query_params.get("run"))
         return JSONResponse(await self.on_model_thread(inside_data, loaded))
 
     async def walkthrough(self, request: Request) -> Response:
+        if request.method == "POST":  # a run's own model on a text (a float64 copy: this one keeps generating)
+            data = await _json_body(request, self.limits)
+            text = _text(data, "text", self.limits)
+            loaded = await self.load(data.get("run"))
+            return JSONResponse(await self.on_model_thread(run_walk_data, loaded, text))
         if self.walk is None:
             self.walk = await self.on_model_thread(walkthrough_data)
         return JSONResponse(self.walk)
@@ -315,7 +322,7 @@ def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str,
         Route("/api/generate", _guarded(pg.generate), methods=["POST"]),
         Route("/api/attention", _guarded(pg.attention), methods=["POST"]),
         Route("/api/inside", _guarded(pg.inside)),
-        Route("/api/walkthrough", _guarded(pg.walkthrough)),
+        Route("/api/walkthrough", _guarded(pg.walkthrough), methods=["GET", "POST"]),
         Route("/api/training", _guarded(pg.training)),
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
@@ -331,17 +338,39 @@ def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str,
     return app
 
 
-def attention_data(loaded, text: str, limits: Limits) -> dict[str, Any]:
+def attention_source(data: dict[str, Any], limits: Limits) -> str | list[int]:
+    """What the attention view is asked about: "text" (encoded by the run's tokenizer) or "ids"
+    (token ids as they are, e.g. a generated text's: its byte pieces need not survive a
+    decode-encode round trip); exactly one of the two. The ids' range needs the model (attention_data)."""
+    if ("text" in data) == ("ids" in data):
+        raise BadRequest("give either text (a string) or ids (a list of token ids), not both" if "text" in data
+                         else "give text (a string) or ids (a list of token ids)")
+    if "text" in data:
+        return _text(data, "text", limits)
+    ids = _field(data, "ids", list)
+    if any(isinstance(i, bool) or not isinstance(i, int) for i in ids):
+        raise BadRequest("ids: expected a list of token ids (whole numbers)")
+    if not 1 <= len(ids) <= limits.attention_tokens:
+        raise BadRequest(f"ids: give 1 to {limits.attention_tokens} token ids, got {len(ids)}")
+    return ids
+
+
+def attention_data(loaded, source: str | list[int], limits: Limits) -> dict[str, Any]:
+    """Every layer's and head's weights for `source`: a text (encoded here) or token ids."""
     from scratchlm.inside.attention_maps import attention_weights, token_labels
 
     cfg = loaded.model.config
-    ids = loaded.tokenizer.encode(text)
+    name = "text" if isinstance(source, str) else "ids"
+    ids = loaded.tokenizer.encode(source) if name == "text" else source
     most = min(cfg.block_size, limits.attention_tokens)
     if not ids:
         raise BadRequest("text: empty after tokenization; give some text")
     if len(ids) > most:
-        raise BadRequest(f"text: {len(ids)} tokens; the attention view takes at most {most} "
+        raise BadRequest(f"{name}: {len(ids)} tokens; the attention view takes at most {most} "
                          f"(the model's context is {cfg.block_size})")
+    if any(not 0 <= i < cfg.vocab_size for i in ids):
+        bad = next(i for i in ids if not 0 <= i < cfg.vocab_size)
+        raise BadRequest(f"ids: token ids are 0..{cfg.vocab_size - 1} for this model, got {str(bad)[:24]}")
     weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
     return {
         "ids": ids, "labels": token_labels(loaded.tokenizer, ids),  # drawn by tokenize_view.visible
@@ -372,11 +401,20 @@ def walkthrough_data() -> dict[str, Any]:
     return data
 
 
+def run_walk_data(loaded, text: str) -> dict[str, Any]:
+    from scratchlm.inside.walkthrough_run import run_walk_json
+
+    return run_walk_json(loaded.model, loaded.tokenizer, text, loaded.name)
+
+
 def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limits) -> dict[str, Any]:
     """The whole metrics lines written from byte `since` on (a line still being written waits for
     the next poll), and whether the run is training now. A line no poll can hold (longer than
     limits.metrics_bytes) or that is not JSON is skipped and named in "skipped"; a poll whose
-    `since` falls inside a line (the rest of a long one) starts at the next line."""
+    `since` falls inside a line (the rest of a long one) starts at the next line. "now": the
+    server's clock, which wrote the records' "time" (a phone's own clock may differ)."""
+    import time
+
     from scratchlm.runlock import holder
 
     records: list[dict] = []
@@ -405,4 +443,4 @@ def training_data(run_dir: Path, metrics: Path | None, since: int, limits: Limit
                 skipped.append({"at": at, "why": "not a JSON line"})
             at += len(line)
     return {"records": records, "next": offset, "reset": reset, "skipped": skipped,
-            "training": holder(run_dir) is not None}
+            "training": holder(run_dir) is not None, "now": time.time()}

@@ -125,12 +125,13 @@ function wire() {
   wireOutput();
   wireFollow();
   wireSettings();
-  $("#go").addEventListener("click", startGeneration);
+  $("#go").addEventListener("click", generateClicked);
   $("#stop").addEventListener("click", stopGeneration);
   $("#prompt").addEventListener("keydown", (event) => {
-    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("#go").disabled) startGeneration();
+    if (event.key === "Enter" && (event.ctrlKey || event.metaKey) && !$("#go").disabled) generateClicked();
   });
   $("#att-go").addEventListener("click", loadAttention);
+  wireAttention();
   for (const box of ["#prompt", "#att-text"]) $(box).addEventListener("input", (event) => fontHint(event.target.value));
   $("#run").addEventListener("change", runChanged);
   window.addEventListener("hashchange", route);
@@ -140,6 +141,7 @@ function wire() {
   document.addEventListener("click", (event) => { if (!event.target.closest("#alts")) hideAlts(); });
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape") return;
+    if (closeAltsToToken()) return;  // Escape in the popup closes it; the stream goes on
     hideAlts();
     stopGeneration();
   });

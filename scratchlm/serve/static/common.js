@@ -13,8 +13,9 @@ const playground = {
   tokens: [],         // the token events of the last generation
   done: null,         // its done event
   attention: null,    // the last /api/attention answer
+  attentionRow: null, // the query row shown in every head: {position, caption}, or null
   inside: null,       // the last /api/inside answer (with .run)
-  walkthrough: null,  // the /api/walkthrough answer
+  walkthrough: null,  // the walk on show: /api/walkthrough's answer (a run's has .run)
   training: { records: [], next: 0, training: false, skipped: 0 },
 };
 window.playground = playground;

@@ -4,7 +4,7 @@
 "use strict";
 
 const gen = { running: false, stopped: false, reader: null, startedAt: 0, pending: document.createDocumentFragment(),
-  flushTimer: null, start: null, follow: true };
+  flushTimer: null, start: null, follow: true, body: null, task: null, hideTimer: null };
 
 // Read a number input: "" gives null (the setting is off), otherwise an int or a float.
 function numberField(id, integer) {
@@ -60,15 +60,22 @@ function stopGeneration() {
   if (gen.reader) gen.reader.cancel().catch(() => {});
 }
 
-// #go: send the request and read the answer as a stream of Server-Sent Events.
-async function startGeneration() {
-  showError("gen-error", "");
+// #go (and Ctrl+Enter): a new generation from the controls.
+function generateClicked() {
   let body;
   try {
     body = generateRequest();
   } catch (err) {
+    showError("gen-error", "");
     return failGeneration(err.message);
   }
+  gen.task = startGeneration(body);
+}
+
+// Send one request and read the answer as a stream of Server-Sent Events.
+async function startGeneration(body) {
+  showError("gen-error", "");
+  gen.body = body;
   playground.tokens = [];
   playground.done = null;
   hideAlts();
@@ -161,7 +168,7 @@ function onGenerateEvent(name, data) {
   if (name === "start") {
     gen.start = data;
     const seed = data.seed !== undefined && data.seed !== null ? `, seed ${data.seed}` : "";
-    setStatus("running", `prompt: ${data.prompt_ids} tokens${croppedNote()}${seed}; generating…`);
+    setStatus("running", `prompt: ${data.prompt_ids} tokens${croppedNote()}${seed}${continuing()}; generating…`);
   } else if (name === "token") {
     addToken(data);
   } else if (name === "done") {
@@ -195,6 +202,8 @@ function addToken(token) {
   // a newline alone, or no text yet (part of a character), would be invisible: CSS marks them
   if (token.text.includes("\n")) span.classList.add("newline");
   if (token.text === "") span.classList.add("partial");
+  const forced = (gen.body && gen.body.forced) || [];
+  if (token.forced) span.classList.add(token.index === forced.length - 1 ? "taken" : "kept");
   span.style.backgroundColor = pColour(token.p);
   gen.pending.append(span);
   if (gen.flushTimer === null) gen.flushTimer = setTimeout(flushTokens, FLUSH_MS);
@@ -218,6 +227,12 @@ function flushTokens() {
 }
 
 const croppedNote = () => (gen.start && gen.start.cropped ? " (cropped to the model's context window)" : "");
+
+// A continuation from a token the reader chose says so on the status line.
+function continuing() {
+  const forced = (gen.body && gen.body.forced) || [];
+  return forced.length ? `; continuing from token ${forced.length} as you chose it` : "";
+}
 
 // Following the stream: the newest token is kept on screen while it grows (on a phone the
 // output starts below the prompt and the settings), unless the reader scrolls away; scrolling
@@ -287,7 +302,7 @@ function finishGeneration(done) {
   }
   const why = { length: "the token limit", eos: "the end-of-text token", stop: "a stop sequence" }[done.reason]
     || done.reason;
-  setStatus("done", `${line}; ended by ${why}${logprob}`, `done: ${n} tokens`);
+  setStatus("done", `${line}${continuing()}; ended by ${why}${logprob}`, `done: ${n} tokens`);
 }
 
 // Seconds as a person reads them: "0.42 s", "85 ms".
@@ -319,8 +334,11 @@ function wireOutput() {
   });
   output.addEventListener("mouseout", (event) => {
     const span = tokenOf(event);
-    if (span && !span.contains(event.relatedTarget) && !$("#alts").dataset.pinned) hideAlts();
+    if (span && !span.contains(event.relatedTarget)) hideSoon();
   });
+  const popup = $("#alts");
+  popup.addEventListener("mouseenter", () => clearTimeout(gen.hideTimer));
+  popup.addEventListener("mouseleave", hideSoon);
   output.addEventListener("click", (event) => {
     const span = tokenOf(event);
     if (!span) return;
@@ -337,10 +355,18 @@ function wireOutput() {
     showAlts(span, false);
   });
   output.addEventListener("focusout", (event) => {
-    if (tokenOf(event) && !output.contains(event.relatedTarget) && !$("#alts").dataset.pinned) hideAlts();
+    const into = event.relatedTarget;
+    if (tokenOf(event) && !output.contains(into) && !popup.contains(into) && !popup.dataset.pinned) hideAlts();
   });
   output.addEventListener("keydown", (event) => {
     const span = tokenOf(event);
+    if (span && event.key === "Enter") {  // pin the popup and go into it: its buttons
+      showAlts(span, true);
+      const first = $("#alts button");
+      if (first) first.focus();
+      event.preventDefault();
+      return;
+    }
     const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[event.key];
     if (!span || !step) return;
     const next = output.querySelector(`.tok[data-index='${Number(span.dataset.index) + step}']`);
@@ -349,30 +375,90 @@ function wireOutput() {
   });
 }
 
-// The popup #alts for one token: its label and p, then the five most likely tokens.
+// The popup #alts for one token: its label, p (the model's probability) and q (the draw's, after
+// the settings), then the five tokens the model found likeliest, each with both and, once the
+// popup is pinned (a click, a tap, or Enter on a focused token), a button to take it instead.
 function showAlts(span, pinned) {
   const token = playground.tokens[Number(span.dataset.index)];
   if (!token) return;
+  clearTimeout(gen.hideTimer);
   const popup = $("#alts");
-  const list = el("ol");
-  for (const alt of token.top || []) {
-    const chosen = alt.id === token.id;
-    list.append(el("li", { class: chosen ? "alt chosen" : "alt", "data-id": alt.id, "data-p": String(alt.p) },
-      el("code", {}, alt.label), el("span", { class: "pct" }, fmtPct(alt.p))));
-  }
-  const inTop = (token.top || []).some((alt) => alt.id === token.id);
+  const alts = [...(token.top || [])];
+  if (!alts.some((alt) => alt.id === token.id)) alts.push({ id: token.id, label: token.label, p: token.p, q: token.q });
+  const rows = alts.map((alt) => altRow(token, alt));
+  const taken = token.forced ? (span.classList.contains("taken") ? "you chose this token" : "kept from before your choice")
+    : "the draw chose this token";
   popup.replaceChildren(
-    el("div", { class: "alts-head" }, "token ", el("code", {}, token.label), ` · p = ${fmtPct(token.p)}`),
-    el("div", { class: "alts-sub" }, "the model's own probabilities at this step, before temperature and " +
-      "the filters (top-k, top-p, min-p, repetition penalty) reshaped them; the most likely:"),
-    list,
+    el("div", { class: "alts-head" }, "token ", el("code", {}, token.label), ` · ${taken}`),
+    el("table", { class: "alts-table" },
+      el("thead", {}, el("tr", {}, el("th", { scope: "col" }, "token"),
+        el("th", { scope: "col", class: "num", title: "the model's own probability, of its raw scores" }, "model p"),
+        el("th", { scope: "col", class: "num", title: "the probability in the draw, after your settings" }, "draw q"),
+        el("th", { scope: "col" }, el("span", { class: "sr-only" }, "action")))),
+      el("tbody", {}, ...rows)),
+    el("div", { class: "alts-sub" }, "p: the model's own probability. q: the same after the repetition penalty, " +
+      "temperature and the filters (top-k, top-p, min-p) you set; grey: filtered out, q = 0" +
+      (sameQ(alts) ? ". Your settings change nothing here: q = p." : ".")),
+    el("div", { class: "alts-actions" }, el("button", { type: "button", class: "attention-at" }, "attention at this step →")),
   );
-  if (!inTop) popup.append(el("div", { class: "alts-sub" }, "(the token taken was not among them)"));
+  popup.querySelector(".attention-at").addEventListener("click", () => attentionAt(token.index));
   popup.dataset.index = token.index;
   if (pinned) popup.dataset.pinned = "1";
   else delete popup.dataset.pinned;
   popup.hidden = false;
   placeNear(popup, span);
+}
+
+const sameQ = (alts) => alts.every((alt) => alt.q === alt.p);
+
+// One row of the popup's table: the token, p, q, and "take this instead" (not for the token taken).
+function altRow(token, alt) {
+  const chosen = alt.id === token.id;
+  const filtered = alt.q === 0 && !chosen;
+  const take = chosen ? el("td", {}, "taken") : el("td", {}, el("button", {
+    type: "button", class: "take", "data-id": alt.id, "aria-label": `take ${alt.label} instead`,
+    title: "continue the text from this token instead" }, "take this instead"));
+  if (!chosen) take.firstChild.addEventListener("click", (event) => {
+    event.stopPropagation();
+    takeInstead(token.index, alt.id);
+  });
+  return el("tr", { class: ["alt", chosen ? "chosen" : "", filtered ? "filtered" : ""].join(" ").trim(),
+    "data-id": alt.id, "data-p": String(alt.p), "data-q": String(alt.q),
+    title: filtered ? "filtered out by your settings: the draw could not take it" : null },
+  el("td", {}, el("code", {}, alt.label)), el("td", { class: "num" }, fmtPct(alt.p)),
+  el("td", { class: "num" }, alt.q === undefined ? "–" : fmtPct(alt.q)), take);
+}
+
+// "take this instead": the text up to that token stays, the chosen token comes next, and the
+// model goes on from there with the same settings (the ids are sent as `forced`, so the server
+// computes every kept step again and the text up to the choice is the same token for token).
+async function takeInstead(index, id) {
+  hideAlts();
+  if (gen.running) {
+    stopGeneration();
+    await gen.task;
+  }
+  const forced = playground.tokens.slice(0, index).map((t) => t.id).concat([id]);
+  gen.task = startGeneration({ ...gen.body, forced });
+  await gen.task;
+  const taken = $(`#output .tok[data-index='${index}']`);
+  if (taken) taken.focus({ preventScroll: true });
+}
+
+// "attention at this step": the token at `index` was chosen from the scores at the position
+// before it; the Attention tab shows what that position attended to, in every layer and head,
+// over the ids the model saw then (its context: the last block_size of them).
+async function attentionAt(index) {
+  hideAlts();
+  const info = await fetchJSON(`/api/model?run=${encodeURIComponent(playground.run)}`);
+  const most = Math.min(info.config.block_size, info.limits.attention_tokens);
+  const ids = gen.start.start_ids.concat(playground.tokens.slice(0, index).map((t) => t.id));
+  const seen = ids.slice(-most);
+  const token = playground.tokens[index];
+  const cut = seen.length < ids.length ? ` (the last ${seen.length} tokens)` : "";
+  openAttentionRow({ ids: seen, position: seen.length - 1, caption: `The model chose ${token.label} as token ` +
+    `${index + 1} from the scores at the position before it; what that position attended to, in every layer ` +
+    `and head${cut}:` });
 }
 
 // Put the popup just under the element (above it when there is no room below), on screen.
@@ -388,9 +474,27 @@ function placeNear(popup, target) {
 }
 
 function hideAlts() {
+  clearTimeout(gen.hideTimer);
   const popup = $("#alts");
   popup.hidden = true;
   delete popup.dataset.pinned;
+}
+
+// The pointer left a token or the popup: close it a moment later, unless the pointer has come
+// into the popup (to reach its buttons across the gap) or it was pinned.
+function hideSoon() {
+  clearTimeout(gen.hideTimer);
+  gen.hideTimer = setTimeout(() => { if (!$("#alts").dataset.pinned) hideAlts(); }, 250);
+}
+
+// Escape inside a pinned popup closes it and gives the focus back to its token.
+function closeAltsToToken() {
+  const popup = $("#alts");
+  if (popup.hidden || !popup.contains(document.activeElement)) return false;
+  const span = $(`#output .tok[data-index='${popup.dataset.index}']`);
+  hideAlts();
+  if (span) span.focus();
+  return true;
 }
 
 // The legend under the output: what the token colours mean.

@@ -1,13 +1,39 @@
-// Tab 3, Inside: what the selected model is made of (GET /api/inside), and the hand-sized
-// walkthrough (GET /api/walkthrough): every intermediate matrix of one tiny forward pass.
+// Tab 3, Inside: what the selected model is made of (GET /api/inside), and a walkthrough: every
+// intermediate matrix of one forward pass, of the hand-sized model (GET /api/walkthrough) or of
+// the selected run's own model on a text (POST /api/walkthrough {run, text}).
 "use strict";
 
 const shapeText = (shape) => (shape.length ? shape.join("×") : "scalar");
 
-// The tab was shown: load the model's description (once per model) and the walkthrough (once).
+// The tab was shown: load the model's description (once per model) and a walkthrough: the hand
+// model's, unless the walk on show is of the selected run (another run's walk is taken down).
 function insideShown() {
+  wireWalk();
   if (!playground.inside || playground.inside.run !== playground.run) loadInside();
-  if (!playground.walkthrough) loadWalkthrough();
+  prefillWalkText();
+  const shown = playground.walkthrough;
+  if (!shown || (shown.run && shown.run !== playground.run)) loadWalkthrough();
+}
+
+let walkWired = false;
+let handWalk = null;     // the hand model's walk: it never changes, so it is asked for once
+let walkPrefill = null;  // the text last put in #walk-text from the prompt
+
+function wireWalk() {
+  if (walkWired) return;
+  walkWired = true;
+  $("#walk-run").addEventListener("click", walkRun);
+  $("#walk-hand").addEventListener("click", loadWalkthrough);
+  $("#walk-text").addEventListener("input", (event) => fontHint(event.target.value));
+}
+
+// The text to walk is the Generate tab's prompt (or, when empty, the run's suggested one) until
+// the reader edits it here.
+function prefillWalkText() {
+  const box = $("#walk-text");
+  const prompt = $("#prompt").value || $("#prompt").placeholder;
+  if (walkPrefill === null || box.value === walkPrefill) box.value = prompt;
+  if (box.value === prompt) walkPrefill = prompt;
 }
 
 async function loadInside() {
@@ -42,12 +68,35 @@ function drawInside(data) {
 async function loadWalkthrough() {
   showError("walk-error", "");
   try {
-    const data = await fetchJSON("/api/walkthrough");
-    playground.walkthrough = data;
-    drawWalkthrough(data);
+    handWalk = handWalk || await fetchJSON("/api/walkthrough");
+    showWalk(handWalk);
   } catch (err) {
     showError("walk-error", err.message);
   }
+}
+
+// Walk the selected run's model on the text in #walk-text.
+async function walkRun() {
+  const run = playground.run;
+  const button = $("#walk-run");
+  showError("walk-error", "");
+  $("#walk-status").textContent = `walking ${run}…`;
+  button.disabled = true;
+  try {
+    const data = await fetchJSON("/api/walkthrough", postJSON({ run, text: $("#walk-text").value }));
+    if (run === playground.run) showWalk(data); // else the model changed while we waited
+  } catch (err) {
+    showError("walk-error", err.message);
+  } finally {
+    button.disabled = false;
+    $("#walk-status").textContent = "";
+  }
+}
+
+function showWalk(data) {
+  playground.walkthrough = data;
+  drawWalkthrough(data);
+  $("#walk-matrix").replaceChildren(el("p", { class: "note" }, "Pick a station."));
 }
 
 // The label of each input position: `labels` may be one per input token, or the whole vocabulary.
@@ -56,11 +105,23 @@ function walkLabels(data) {
   return labels.length === data.ids.length ? labels : data.ids.map((id) => labels[id] ?? String(id));
 }
 
-function drawWalkthrough(data) {
+// What is walked, in words: the model, the input tokens (and a run's targets and next tokens).
+function walkSummary(data) {
   const c = data.config;
-  $("#walk-summary").textContent = `Input: ${walkLabels(data).join(" ")} (ids ${data.ids.join(", ")}); `
-    + `T=${data.ids.length}, C=${c.n_embd}, heads=${c.n_head}, layers=${c.n_layer}, V=${c.vocab_size}. `
-    + `Largest difference from NumPy over all stations: ${data.max_diff.toExponential(1)}.`;
+  const input = `${walkLabels(data).join(" ")} (ids ${data.ids.join(", ")})`;
+  const sizes = `T=${data.ids.length}, C=${c.n_embd}, heads=${c.n_head}, layers=${c.n_layer}, V=${c.vocab_size}`;
+  const diff = `Largest difference from NumPy over all stations: ${data.max_diff.toExponential(1)}.`;
+  if (!data.run) return `The hand-sized model. Input: ${input}; ${sizes}. ${diff}`;
+  const next = data.next.map(([, label, p]) => `${label} ${fmtPct(p)}`).join(", ");
+  return `Run ${data.run}, on ${data.ids.length} tokens. Input x: ${input}. Targets y (the text shifted `
+    + `by one): ${data.target_labels.join(" ")}. ${sizes}. Likeliest tokens after the last input: ${next}. ${diff}`;
+}
+
+function drawWalkthrough(data) {
+  const cropped = data.cropped ? [el("strong", { class: "cropped" }, ` The text makes ${fmtInt(data.row_tokens)} `
+    + `input tokens; only the first ${data.limit} (BOS and the start of the text) are walked.`)] : [];
+  $("#walk-summary").replaceChildren(walkSummary(data), ...cropped);
+  if (data.run) fontHint(data.labels.join(""));
   const stations = data.steps.map((step) => {
     const button = el("button", { type: "button", class: "station", "data-key": step.key, title: step.key }, step.title);
     button.addEventListener("click", () => showMatrix(button, { ...step, values: step.torch }));
@@ -69,7 +130,7 @@ function drawWalkthrough(data) {
   $("#walk-stations").replaceChildren(...stations);
   $("#walk-weights").replaceChildren(...Object.entries(data.weights).map(([name, values]) => {
     const button = el("button", { type: "button", class: "weight", "data-name": name }, name);
-    button.addEventListener("click", () => showMatrix(button, { title: name, values, max_diff: null }));
+    button.addEventListener("click", () => showMatrix(button, { title: name, key: name, values, max_diff: null }));
     return button;
   }));
 }
@@ -100,13 +161,20 @@ function matrixTable(values, scale, rowNames, colNames) {
 }
 
 // A station (or weight) clicked: its title, shape, values and the NumPy comparison.
-// item: {title, values, max_diff (null for a weight), key (a station's trace key)}.
+// item: {title, values, max_diff (null for a weight), key (a station's trace key or the weight's
+// name)}. A run's array too big to send has values null and its shape in the walk's "omitted".
 function showMatrix(button, item) {
   for (const b of document.querySelectorAll(".walk-lists button")) b.classList.toggle("selected", b === button);
   const { values, max_diff: maxDiff } = item;
+  if (values === null) {
+    const big = playground.walkthrough.omitted[item.key];
+    $("#walk-matrix").replaceChildren(el("h3", {}, item.title), el("p", { class: "note" }, `shape ${shapeText(big)}: `
+      + `${fmtInt(big.reduce((a, b) => a * b, 1))} numbers, too many to show here.`));
+    return;
+  }
   const shape = shapeOf(values);
   const flat = shape.length ? values.flat(Infinity) : [values];
-  const scale = Math.max(0, ...flat.filter((v) => v !== null).map(Math.abs));
+  const scale = flat.reduce((most, v) => (v === null ? most : Math.max(most, Math.abs(v))), 0);
   // a station's rows are the input tokens; scores, mask and weights have one column per token too
   const T = playground.walkthrough.ids.length;
   const labels = walkLabels(playground.walkthrough);
