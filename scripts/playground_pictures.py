@@ -2,7 +2,7 @@
 390x844 (a phone, touch), as playground-{desktop,phone}-{generate,attention,inside,training}.png;
 the README shows the desktop's Generate tab.
 
-    python scripts/playground_pictures.py                  # trains runs/baby as the README does (~1 min)
+    python scripts/playground_pictures.py                  # trains a baby run as the README does (~1 min)
     python scripts/playground_pictures.py --run runs/baby  # shows a run you have
 
 It serves the run with `scratchlm serve --port 0` and drives Debian's Chromium (`apt-get install
@@ -15,11 +15,13 @@ the page draws on this machine (its fonts included); nothing in them is quoted a
 from __future__ import annotations
 
 import argparse
+import queue
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,15 +72,18 @@ def serve(folder: Path) -> tuple[subprocess.Popen, str]:
     """`scratchlm serve --runs folder --port 0`, and the address it prints once it listens."""
     server = subprocess.Popen([sys.executable, "-m", "scratchlm", "serve", "--runs", str(folder), "--port", "0"],
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
     deadline = time.monotonic() + 120
-    for line in server.stdout:
-        found = re.search(r"(http://[^/\s]+/)", line)
+    while time.monotonic() < deadline:
+        try:
+            found = re.search(r"(http://[^/\s]+/)", lines.get(timeout=1))
+        except queue.Empty:  # a silent server: wait on, up to the deadline
+            continue
         if found:
             return server, found.group(1)
-        if time.monotonic() > deadline:
-            break
     server.kill()
-    raise SystemExit("playground_pictures: scratchlm serve did not print its address")
+    raise SystemExit("playground_pictures: scratchlm serve did not print its address within 2 minutes")
 
 
 def shoot(chromium: str, url: str, run: str, out: Path) -> None:

@@ -164,7 +164,7 @@ def test_a_forced_token_that_the_filters_would_drop_has_q_0(served, runs):
     ({"forced": "abc"}, "forced: expected list"),
     ({"forced": [1.5]}, "forced: expected a list of token ids"),
     ({"forced": [True]}, "forced: expected a list of token ids"),
-    ({"forced": [1] * 1001}, "forced: at most 1000 ids"),
+    ({"forced": [1] * 4001}, "forced: at most 4,000 ids"),
     ({"forced": [1], "beams": 2}, "beams must be 1"),
 ])
 def test_a_bad_continuation_is_one_clear_line(served, extra, words):

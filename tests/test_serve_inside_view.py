@@ -214,3 +214,28 @@ def test_axe_finds_nothing_serious_on_a_run_walk(screen):
     serious = [f"{v['id']} ({v['impact']}): {v['nodes'][0]['target']}" for v in violations
                if v["impact"] in ("serious", "critical")]
     assert serious == []
+
+
+def test_a_model_past_the_walks_size_is_refused_in_one_line(runs):
+    from helpers import Served
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(walk_params=1000)) as small:
+        status, answer = request(small.port, "POST", "/api/walkthrough", {"run": "mixed", "text": "ROMEO:"})
+    assert status == 400 and "up to 1,000 parameters" in answer["error"] and "\n" not in answer["error"]
+
+
+def test_a_walk_sends_no_more_numbers_in_all_than_its_total(trained):
+    """Past the total, the later arrays go as shapes alone; what is sent is whole and in order."""
+    from scratchlm.inside.walkthrough_run import _within, walk_run
+
+    model, tokenizer = trained[:2]
+    run = walk_run(model, tokenizer, _row(tokenizer, "ROMEO:")[:6], "mixed")
+    sizes = [s.torch.size for s in run.walk.steps]
+    total = sum(sizes[:3])  # room for the first three stations exactly
+    shown, omitted = _within(run.walk, most=10**9, total=total)
+    kept = [s.key for s in shown.steps if s.torch.size]
+    assert kept == [s.key for s in run.walk.steps[:3]]
+    assert sum(s.torch.size for s in shown.steps) + sum(a.size for a in shown.weights.values()) <= total
+    assert set(omitted) >= {s.key for s in run.walk.steps[3:]}

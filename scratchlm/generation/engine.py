@@ -83,8 +83,7 @@ class Engine:
         return decoder_for(self.model, steps, self.dtype)
 
     def _cache(self, decoder: Decoder, batch: int) -> KVCache | None:
-        device, dtype = decoder.device_dtype
-        return KVCache(decoder.model.config, batch, device=device, dtype=dtype) if self.use_cache else None
+        return new_cache(decoder, batch) if self.use_cache else None
 
     def iter_tokens(self, idx: torch.Tensor, settings: GenerationSettings | None = None, *,
                     generator: torch.Generator | None = None,
@@ -109,7 +108,7 @@ class Engine:
             position instead of up to `block_size`.
         """
         settings = GenerationSettings.of(settings, **fields)
-        return token_loop(self, self.decoder(settings.max_new_tokens), idx, settings, generator)
+        return token_loop(self.decoder(settings.max_new_tokens), idx, settings, generator, self.use_cache, self.vocab)
 
     def generate_ids(self, idx: torch.Tensor, settings: GenerationSettings | None = None, *,
                      generator: torch.Generator | None = None, **fields) -> torch.Tensor:
@@ -126,7 +125,7 @@ class Engine:
         steps = []
         eos_id = self.eos_id
         done = torch.zeros(idx.shape[0], dtype=torch.bool, device=device) if eos_id is not None else None
-        for next_ids, _ in token_loop(self, decoder, idx, settings, generator):
+        for next_ids, _ in token_loop(decoder, idx, settings, generator, self.use_cache, self.vocab):
             if done is not None:
                 next_ids = next_ids.masked_fill(done, eos_id)
                 done |= next_ids == eos_id
@@ -214,11 +213,12 @@ class Engine:
             if getattr(settings, name) != 1:
                 raise ConfigError(name, "a stream is one sampled continuation; use generate for more")
         prompt_ids, start_ids, cropped = encode_prompt(self.config, self.tokenizer, prompt)
-        bad = sorted({i for i in forced if not 0 <= i < self.config.vocab_size})
+        vocab = self.vocab or self.config.vocab_size
+        bad = sorted({i for i in forced if not 0 <= i < vocab})
         if bad:
-            raise UserError(f"forced ids {bad[:5]} are outside the model's vocabulary (0..{self.config.vocab_size - 1})")
+            raise UserError(f"forced ids {bad[:5]} are outside the vocabulary (0..{vocab - 1})")
         steps = token_steps(sample_rows(self, start_ids, settings, forced), IncrementalText(settings.stop))
-        return TokenSteps(steps, prompt_ids, cropped)
+        return TokenSteps(steps, prompt_ids, cropped, start_ids)
 
     def stream(self, prompt: str, settings: GenerationSettings | None = None, **fields) -> Iterator[str]:
         """`generate`'s text for one sample, in pieces as soon as they are printable (joined, exactly
@@ -237,7 +237,8 @@ def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettin
     device, _ = decoder.device_dtype
     rows = [TextRow(engine.tokenizer, engine.eos_id, settings.stop) for _ in range(settings.num_samples)]
     idx = torch.tensor([start_ids] * settings.num_samples, dtype=torch.long, device=device)  # (S, T0)
-    tokens = token_loop(engine, decoder, idx, settings, make_generator(settings.seed, device), forced)
+    tokens = token_loop(decoder, idx, settings, make_generator(settings.seed, device), engine.use_cache, engine.vocab,
+                        forced)
     try:
         for next_ids, logits in tokens:
             for row, token in zip(rows, next_ids.tolist()):
@@ -252,12 +253,19 @@ def sample_rows(engine: Engine, start_ids: list[int], settings: GenerationSettin
     yield rows, None, None
 
 
+def new_cache(decoder: Decoder, batch: int) -> KVCache:
+    """An empty key/value cache for `batch` sequences, on the decoder's device and in its dtype."""
+    device, dtype = decoder.device_dtype
+    return KVCache(decoder.model.config, batch, device=device, dtype=dtype)
+
+
 @torch.inference_mode()
-def token_loop(engine: Engine, decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings,
-               generator: torch.Generator | None, forced: Sequence[int] = ()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """Engine.iter_tokens on the decoder the caller already chose (one lookup per generation). The
-    first len(forced) steps take those ids instead of choosing (the scores are still computed
-    and yielded, and no random number is drawn): a continuation from a token the reader chose."""
+def token_loop(decoder: Decoder, idx: torch.Tensor, settings: GenerationSettings, generator: torch.Generator | None,
+               use_cache: bool, vocab: int | None, forced: Sequence[int] = ()) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """Engine.iter_tokens's loop, on the decoder the caller already chose (one lookup per
+    generation): a cache when use_cache, ids below `vocab` only. The first len(forced) steps take
+    those ids instead of choosing (the scores are still computed and yielded, and no random
+    number is drawn): a continuation from a token the reader chose."""
     if idx.dim() != 2 or idx.shape[1] == 0:
         raise ValueError(f"idx must be (B, T) with T >= 1 (start an empty prompt from BOS), got {tuple(idx.shape)}")
     device, _ = decoder.device_dtype
@@ -270,8 +278,7 @@ def token_loop(engine: Engine, decoder: Decoder, idx: torch.Tensor, settings: Ge
     n = T0
     sampling = settings.sampling
     penalise = sampling.repetition_penalty != 1.0
-    cache = engine._cache(decoder, B)
-    vocab = engine.vocab
+    cache = new_cache(decoder, B) if use_cache else None
     cut = vocab is not None and vocab < decoder.model.config.vocab_size
     chunks = _GreedyChunks(decoder) if sampling.is_greedy and not (penalise or cut) and cache is not None else None
     with eval_mode(decoder.model):

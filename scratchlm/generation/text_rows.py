@@ -177,12 +177,12 @@ class TokenStep:
 
 
 class TokenSteps(Iterator[TokenStep]):
-    """What `stream_tokens` returns: iterate it for the steps. prompt_ids (the prompt as encoded)
-    and cropped (whether the model starts from its last block_size ids only) are known before the
-    first step."""
+    """What `stream_tokens` returns: iterate it for the steps. prompt_ids (the prompt as encoded),
+    start_ids (the ids the model starts from: BOS for an empty prompt, the last block_size when
+    cropped) and cropped are known before the first step."""
 
-    def __init__(self, steps: Iterator[TokenStep], prompt_ids: list[int], cropped: bool):
-        self._steps, self.prompt_ids, self.cropped = steps, prompt_ids, cropped
+    def __init__(self, steps: Iterator[TokenStep], prompt_ids: list[int], cropped: bool, start_ids: list[int]):
+        self._steps, self.prompt_ids, self.cropped, self.start_ids = steps, prompt_ids, cropped, start_ids
 
     def __next__(self) -> TokenStep:
         return next(self._steps)

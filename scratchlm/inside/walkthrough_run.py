@@ -11,13 +11,17 @@ model walked has dropout off and runs in float64 on both sides (differences ~1e-
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
 
 import torch
 
+from scratchlm.errors import UserError
 from scratchlm.inside.tokenize_view import piece_labels, visible
-from scratchlm.inside.walkthrough import Walkthrough, walkthrough_of
+from scratchlm.inside.walkthrough import Walkthrough, walkthrough_json, walkthrough_of
 from scratchlm.model.gpt import GPT
 
 WALK_CHECKPOINT_MAX_TOKENS = 32
@@ -83,6 +87,9 @@ def label_of(tokenizer: Any, token: int) -> str:
 WALK_SHOWN_NUMBERS = 65_536
 """The most numbers of one station or weight that run_walk_json sends; a bigger one (a GPT-2
 sized embedding table, logits over 50,257 ids) is sent as its shape alone, under "omitted"."""
+WALK_TOTAL_NUMBERS = 2_000_000
+"""The most numbers one walk sends in all (about 20 MB of JSON): past it, the later stations and
+weights go as their shapes alone too."""
 
 
 def run_walk_json(model: GPT, tokenizer: Any, text: str, source: str) -> dict[str, Any]:
@@ -92,10 +99,8 @@ def run_walk_json(model: GPT, tokenizer: Any, text: str, source: str) -> dict[st
     inputs the whole text makes), "limit" and "cropped". A row longer than the limit is cropped
     to its first `limit` inputs (BOS and the start of the text), as `scratchlm tokenize
     --block-size` cuts a row; the command line refuses such a text instead. `model` is not
-    changed: the walk runs on a float64 copy."""
-    from scratchlm.errors import UserError
-    from scratchlm.inside.walkthrough import walkthrough_json
-
+    changed: the walk runs on a float64 copy. The page shows torch's side and the largest
+    difference from NumPy, so NumPy's own arrays are not sent ("numpy": null)."""
     ids, targets = text_row(tokenizer, text)
     if not ids:
         raise UserError("text: empty; give some text to walk")
@@ -108,21 +113,24 @@ def run_walk_json(model: GPT, tokenizer: Any, text: str, source: str) -> dict[st
         if name in data["weights"]:
             data["weights"][name] = None
     for step in data["steps"]:
+        step["numpy"] = None
         if step["key"] in omitted:
-            step["torch"] = step["numpy"] = None
+            step["torch"] = None
     return {**data, "run": source, "labels": run.labels, "targets": targets,
             "target_labels": [label_of(tokenizer, t) for t in targets], "next": run.top,
             "row_tokens": whole, "limit": most, "cropped": whole > most, "omitted": omitted}
 
 
-def _within(w: Walkthrough, most: int) -> tuple[Walkthrough, dict[str, list[int]]]:
-    """`w` with every array of more than `most` numbers emptied, and {name or key: its shape}."""
-    from dataclasses import replace
-
-    import numpy as np
-
-    omitted = {name: list(a.shape) for name, a in w.weights.items() if a.size > most}
-    omitted |= {s.key: list(s.torch.shape) for s in w.steps if s.torch.size > most}
+def _within(w: Walkthrough, most: int, total: int = WALK_TOTAL_NUMBERS) -> tuple[Walkthrough, dict[str, list[int]]]:
+    """`w` with every array of more than `most` numbers emptied, and those past `total` numbers
+    in all (stations first, in order, then weights), and {name or key: its shape}."""
+    omitted: dict[str, list[int]] = {}
+    sent = 0
+    for name, a in [(s.key, s.torch) for s in w.steps] + list(w.weights.items()):
+        if a.size > most or sent + a.size > total:
+            omitted[name] = list(a.shape)
+        else:
+            sent += a.size
     empty = np.zeros(0)
     weights = {name: empty if name in omitted else a for name, a in w.weights.items()}
     steps = [replace(s, torch=empty, numpy=empty) if s.key in omitted else s for s in w.steps]

@@ -46,7 +46,7 @@ from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
-from scratchlm.serve.library import RunLibrary, UnknownRun
+from scratchlm.serve.library import Loaded, RunLibrary, UnknownRun
 from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
 
 STATIC = Path(__file__).parent / "static"
@@ -59,6 +59,8 @@ class Limits:
     prompt_chars: int = 4000
     body_bytes: int = 64 * 1024
     attention_tokens: int = 128
+    forced_tokens: int = 4000  # ids a continuation from a chosen token may keep (each is a model step)
+    walk_params: int = 30_000_000  # the largest model the Inside tab walks (a float64 copy, every station twice)
     streams: int = 16  # generations running at once; more are told to retry
     metrics_bytes: int = 2 * 1024 * 1024  # metrics sent per poll at most; a longer line is skipped
     json_depth: int = 8  # arrays and objects inside each other in a body (the API's are flat)
@@ -210,10 +212,11 @@ def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
 
 def _forced(data: dict[str, Any], beams: int, limits: Limits) -> list[int]:
     """"forced": the ids a continuation starts with (the tokens kept, then the one the reader
-    chose instead); their range is checked against the model's vocabulary by the engine."""
+    chose instead); their range is checked once the model is known (Playground.generate)."""
     forced = _field(data, "forced", list, [])
-    if len(forced) > limits.max_new_tokens:
-        raise BadRequest(f"forced: at most {limits.max_new_tokens} ids, got {len(forced)}")
+    if len(forced) > limits.forced_tokens:
+        raise BadRequest(f"forced: at most {limits.forced_tokens:,} ids (the text kept before a chosen token), "
+                         f"got {len(forced):,}; generate afresh from a prompt instead")
     if any(isinstance(i, bool) or not isinstance(i, int) for i in forced):
         raise BadRequest("forced: expected a list of token ids (whole numbers)")
     if forced and beams > 1:
@@ -263,7 +266,7 @@ class Playground:
         loaded = await self.load(data.get("run"))
         # text the tokenizer cannot encode is a bad request (400, as on the attention tab), not a stream
         await self.on_model_thread(loaded.tokenizer.encode, req.prompt)
-        vocab = loaded.model.config.vocab_size
+        vocab = loaded.engine.vocab or loaded.model.config.vocab_size  # the tokenizer's: padding ids have no text
         if any(not 0 <= i < vocab for i in req.forced):
             raise BadRequest(f"forced: token ids are 0..{vocab - 1} for this model")
         if self.streams >= self.limits.streams:
@@ -297,7 +300,7 @@ class Playground:
             data = await _json_body(request, self.limits)
             text = _text(data, "text", self.limits)
             loaded = await self.load(data.get("run"))
-            return JSONResponse(await self.on_model_thread(run_walk_data, loaded, text))
+            return JSONResponse(await self.on_model_thread(run_walk_data, loaded, text, self.limits))
         if self.walk is None:
             self.walk = await self.on_model_thread(walkthrough_data)
         return JSONResponse(self.walk)
@@ -368,9 +371,10 @@ def attention_data(loaded, source: str | list[int], limits: Limits) -> dict[str,
     if len(ids) > most:
         raise BadRequest(f"{name}: {len(ids)} tokens; the attention view takes at most {most} "
                          f"(the model's context is {cfg.block_size})")
-    if any(not 0 <= i < cfg.vocab_size for i in ids):
-        bad = next(i for i in ids if not 0 <= i < cfg.vocab_size)
-        raise BadRequest(f"ids: token ids are 0..{cfg.vocab_size - 1} for this model, got {str(bad)[:24]}")
+    vocab = loaded.engine.vocab or cfg.vocab_size  # the tokenizer's: padding ids have no text
+    if any(not 0 <= i < vocab for i in ids):
+        bad = next(i for i in ids if not 0 <= i < vocab)
+        raise BadRequest(f"ids: token ids are 0..{vocab - 1} for this model, got {str(bad)[:24]}")
     weights = attention_weights(loaded.model, ids)  # per layer (H, T, T)
     return {
         "ids": ids, "labels": token_labels(loaded.tokenizer, ids),  # drawn by tokenize_view.visible
@@ -401,9 +405,15 @@ def walkthrough_data() -> dict[str, Any]:
     return data
 
 
-def run_walk_data(loaded, text: str) -> dict[str, Any]:
+def run_walk_data(loaded: Loaded, text: str, limits: Limits) -> dict[str, Any]:
+    """The Inside tab's walk of a run's model on `text` (run_walk_json), for a model of at most
+    limits.walk_params parameters: the walk copies it in float64 and computes every station twice."""
     from scratchlm.inside.walkthrough_run import run_walk_json
 
+    params = sum(p.numel() for p in loaded.model.parameters())
+    if params > limits.walk_params:
+        raise BadRequest(f"the Inside walk takes models of up to {limits.walk_params:,} parameters; this one has "
+                         f"{params:,} (scratchlm walkthrough --checkpoint RUN walks any size on the command line)")
     return run_walk_json(loaded.model, loaded.tokenizer, text, loaded.name)
 
 

@@ -205,8 +205,8 @@ class GenerationStream:
             self._put(None)
             return False
         self.steps = engine.stream_tokens(r.prompt, r.settings, forced=r.forced)
-        self.ids = self.steps.prompt_ids[-self.loaded.model.config.block_size:]
-        options = SamplingOptions(**r.sampling)
+        self.ids = list(self.steps.start_ids)
+        options = r.settings.sampling  # the very options the draw uses
         self.options = None if options == SamplingOptions() else options  # defaults: the raw scores' softmax
         self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "start_ids": self.ids,
                                 "cropped": self.steps.cropped, "seed": r.seed}))
@@ -216,7 +216,7 @@ class GenerationStream:
         """The distribution this step's draw used (None: the model's own, no setting changed it)."""
         if self.options is None:
             return None
-        previous = torch.tensor([self.ids]) if self.options.repetition_penalty != 1 else None
+        previous = torch.tensor([self.ids], device=logits.device) if self.options.repetition_penalty != 1 else None
         return sampling_probs(logits.detach()[None], previous, self.options)[0]
 
     def _close_steps(self) -> None:

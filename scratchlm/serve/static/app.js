@@ -141,7 +141,7 @@ function wire() {
   document.addEventListener("click", (event) => { if (!event.target.closest("#alts")) hideAlts(); });
   document.addEventListener("keydown", (event) => {
     if (event.key !== "Escape") return;
-    if (closeAltsToToken()) return;  // Escape in the popup closes it; the stream goes on
+    if (closeAltsToToken()) return;  // Escape in the popup: back to its token; the stream goes on
     hideAlts();
     stopGeneration();
   });

@@ -88,13 +88,13 @@ async function loadAttention() {
 
 // Called from the Generate tab's token popup: show the Attention tab for these token ids, and
 // query `position`'s row in every layer and head, under `caption`. Resolves when drawn.
-async function openAttentionRow({ ids, position, caption = "" }) {
+async function openAttentionRow({ ids, position, caption = "", run = playground.run }) {
   if (location.hash !== "#attention") location.hash = "#attention";  // app.js's route() shows the tab
   if (!Array.isArray(ids) || !ids.length || !Number.isInteger(position) || position < 0 || position >= ids.length) {
     showError("att-error", `no token at position ${position} of ${Array.isArray(ids) ? ids.length : 0}`);
     return;
   }
-  const data = await requestAttention({ run: playground.run, ids });
+  const data = await requestAttention({ run, ids });
   if (!data) return;
   showAttentionRow(position, caption);
   const title = $("#att-row-title");

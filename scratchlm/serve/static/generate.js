@@ -376,8 +376,8 @@ function wireOutput() {
 }
 
 // The popup #alts for one token: its label, p (the model's probability) and q (the draw's, after
-// the settings), then the five tokens the model found likeliest, each with both and, once the
-// popup is pinned (a click, a tap, or Enter on a focused token), a button to take it instead.
+// the settings), then the five tokens the model found likeliest, each with both and a button to
+// take it instead (reached by pinning the popup: a click, a tap, or Enter on a focused token).
 function showAlts(span, pinned) {
   const token = playground.tokens[Number(span.dataset.index)];
   if (!token) return;
@@ -415,6 +415,7 @@ const sameQ = (alts) => alts.every((alt) => alt.q === alt.p);
 function altRow(token, alt) {
   const chosen = alt.id === token.id;
   const filtered = alt.q === 0 && !chosen;
+  const greedy = Boolean(gen.body && (gen.body.greedy || gen.body.temperature === 0));
   const take = chosen ? el("td", {}, "taken") : el("td", {}, el("button", {
     type: "button", class: "take", "data-id": alt.id, "aria-label": `take ${alt.label} instead`,
     title: "continue the text from this token instead" }, "take this instead"));
@@ -424,7 +425,8 @@ function altRow(token, alt) {
   });
   return el("tr", { class: ["alt", chosen ? "chosen" : "", filtered ? "filtered" : ""].join(" ").trim(),
     "data-id": alt.id, "data-p": String(alt.p), "data-q": String(alt.q),
-    title: filtered ? "filtered out by your settings: the draw could not take it" : null },
+    title: !filtered ? null : greedy ? "greedy takes only the likeliest token" :
+      "filtered out by your settings: the draw could not take it" },
   el("td", {}, el("code", {}, alt.label)), el("td", { class: "num" }, fmtPct(alt.p)),
   el("td", { class: "num" }, alt.q === undefined ? "–" : fmtPct(alt.q)), take);
 }
@@ -439,10 +441,13 @@ async function takeInstead(index, id) {
     await gen.task;
   }
   const forced = playground.tokens.slice(0, index).map((t) => t.id).concat([id]);
-  gen.task = startGeneration({ ...gen.body, forced });
+  const body = { ...gen.body, forced };
+  gen.task = startGeneration(body);
   await gen.task;
   const taken = $(`#output .tok[data-index='${index}']`);
-  if (taken) taken.focus({ preventScroll: true });
+  // back to the chosen token, unless the reader has since moved on (typing, or a new generation)
+  const idle = document.activeElement === document.body || document.activeElement === $("#go");
+  if (taken && gen.body === body && idle) taken.focus({ preventScroll: true });
 }
 
 // "attention at this step": the token at `index` was chosen from the scores at the position
@@ -450,15 +455,23 @@ async function takeInstead(index, id) {
 // over the ids the model saw then (its context: the last block_size of them).
 async function attentionAt(index) {
   hideAlts();
-  const info = await fetchJSON(`/api/model?run=${encodeURIComponent(playground.run)}`);
-  const most = Math.min(info.config.block_size, info.limits.attention_tokens);
-  const ids = gen.start.start_ids.concat(playground.tokens.slice(0, index).map((t) => t.id));
-  const seen = ids.slice(-most);
+  const run = gen.body.run;  // the model that made the text, whatever the picker shows now
+  let info;
+  try {
+    info = await fetchJSON(`/api/model?run=${encodeURIComponent(run)}`);
+  } catch (err) {
+    return showError("gen-error", `cannot open the attention of ${run}: ${err.message}`);
+  }
+  const context = info.config.block_size;
+  const ids = gen.start.start_ids.concat(playground.tokens.slice(0, index).map((t) => t.id)).slice(-context);
+  const seen = ids.slice(-info.limits.attention_tokens);
   const token = playground.tokens[index];
-  const cut = seen.length < ids.length ? ` (the last ${seen.length} tokens)` : "";
-  openAttentionRow({ ids: seen, position: seen.length - 1, caption: `The model chose ${token.label} as token ` +
-    `${index + 1} from the scores at the position before it; what that position attended to, in every layer ` +
-    `and head${cut}:` });
+  const who = token.forced && index === (gen.body.forced || []).length - 1 ? "You chose" : "The model chose";
+  const cut = seen.length < ids.length ? ` Recomputed on the last ${seen.length} tokens only (the view's limit): ` +
+    `the model saw ${ids.length}, so these weights differ from the ones it used.` : "";
+  openAttentionRow({ run, ids: seen, position: seen.length - 1, caption: `${who} ${token.label} as token ` +
+    `${index + 1}, from the scores at the position before it: what that position attended to, in every layer ` +
+    `and head (${run}).${cut}` });
 }
 
 // Put the popup just under the element (above it when there is no room below), on screen.
@@ -487,7 +500,8 @@ function hideSoon() {
   gen.hideTimer = setTimeout(() => { if (!$("#alts").dataset.pinned) hideAlts(); }, 250);
 }
 
-// Escape inside a pinned popup closes it and gives the focus back to its token.
+// Escape inside a pinned popup unpins it and gives the focus back to its token (whose focus shows
+// the popup again, unpinned, as for any token in focus; a second Escape closes it and stops).
 function closeAltsToToken() {
   const popup = $("#alts");
   if (popup.hidden || !popup.contains(document.activeElement)) return false;

@@ -188,7 +188,7 @@ function timeLeft(records, training, now) {
   left = Math.max(0, left - (now - p.last.time));
   const perStep = p.perStep >= 1 ? `${p.perStep.toFixed(1)} s` : `${(p.perStep * 1000).toFixed(0)} ms`;
   return [`about ${fmtDuration(left)}`,
-    `at ${perStep} a step, steps ${fmtInt(p.first.step)}–${fmtInt(p.last.step)}; evaluations not counted ahead`];
+    `at ${perStep} a step over steps ${fmtInt(p.first.step)}–${fmtInt(p.last.step)}, evaluations in that span included`];
 }
 
 // How often the curve can move, in the run's own settings, and how old its last record is.
