@@ -266,7 +266,7 @@ class Playground:
         loaded = await self.load(data.get("run"))
         # text the tokenizer cannot encode is a bad request (400, as on the attention tab), not a stream
         await self.on_model_thread(loaded.tokenizer.encode, req.prompt)
-        vocab = loaded.engine.vocab or loaded.model.config.vocab_size  # the tokenizer's: padding ids have no text
+        vocab = loaded.engine.vocab or loaded.model.config.vocab_size  # as the engine draws: padding ids have no text
         if any(not 0 <= i < vocab for i in req.forced):
             raise BadRequest(f"forced: token ids are 0..{vocab - 1} for this model")
         if self.streams >= self.limits.streams:
@@ -371,7 +371,7 @@ def attention_data(loaded, source: str | list[int], limits: Limits) -> dict[str,
     if len(ids) > most:
         raise BadRequest(f"{name}: {len(ids)} tokens; the attention view takes at most {most} "
                          f"(the model's context is {cfg.block_size})")
-    vocab = loaded.engine.vocab or cfg.vocab_size  # the tokenizer's: padding ids have no text
+    vocab = getattr(loaded.tokenizer, "vocab_size", None) or cfg.vocab_size  # the tokenizer's: padding ids have no text
     if any(not 0 <= i < vocab for i in ids):
         bad = next(i for i in ids if not 0 <= i < vocab)
         raise BadRequest(f"ids: token ids are 0..{vocab - 1} for this model, got {str(bad)[:24]}")
