@@ -181,6 +181,35 @@ NEEDS_BROWSER = pytest.mark.skipif(
     reason="browser tests need Chromium (apt-get install chromium) and playwright (pip install -e '.[dev]')")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
+SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
+           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
+"""The two screens the playground is tested on (issue 34): a desktop, and a touch phone."""
+
+
+def open_playground(browser, port: int, screen: str, tab: str = "generate", console: bool = True):
+    """(context, page): the playground on `port` at one of SCREENS, opened on `tab` and ready. The
+    page's script errors (and, with `console`, its console errors) gather in page.errors;
+    page.screen names the screen."""
+    context = browser.new_context(**SCREENS[screen])
+    page = context.new_page()
+    page.errors = []
+    page.on("pageerror", lambda e: page.errors.append(str(e)))
+    if console:
+        page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
+    page.screen = screen
+    page.goto(f"http://127.0.0.1:{port}/#{tab}")
+    page.wait_for_function("window.playground && window.playground.ready === true")
+    return context, page
+
+
+def parse_sse(text: str) -> list[tuple[str, dict]]:
+    """The (event, data) pairs of a Server-Sent Events answer ("event: NAME\ndata: JSON\n\n")."""
+    events = []
+    for block in text.split("\n\n"):
+        if block.strip():
+            fields = dict(line.split(": ", 1) for line in block.split("\n"))
+            events.append((fields["event"], json.loads(fields["data"])))
+    return events
 
 
 class Served:

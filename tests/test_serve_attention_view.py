@@ -11,10 +11,8 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import NEEDS_BROWSER, SERVE_MODEL, Served, one_line_refusal, request, train_tiny_run, write_mixed_text
+from helpers import NEEDS_BROWSER, SCREENS, SERVE_MODEL, open_playground, Served, one_line_refusal, request, train_tiny_run, write_mixed_text
 
-SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
 LONG = "ROMEO: my lord, the moon is bright. The king speaks"[:47]  # 47 tokens for a char tokenizer
 
 
@@ -108,15 +106,8 @@ def test_bad_ids_get_one_error_line(served, runs, body, words):
 
 @pytest.fixture(params=list(SCREENS))
 def screen(request, browser, served_view):
-    context = browser.new_context(**SCREENS[request.param])
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.goto(f"http://127.0.0.1:{served_view.port}/#generate")
-    page.wait_for_function("window.playground && window.playground.ready === true")
+    context, page = open_playground(browser, served_view.port, request.param)
     page.select_option("#run", "long")
-    page.screen = request.param
     yield page
     context.close()
     assert page.errors == []

@@ -9,22 +9,12 @@ draw's own frequencies; a continuation against generating from the same ids give
 
 from __future__ import annotations
 
-import json
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import cli_generate, request
-
-
-def parse_sse(text: str) -> list[tuple[str, dict]]:
-    events = []
-    for block in text.split("\n\n"):
-        if block.strip():
-            fields = dict(line.split(": ", 1) for line in block.split("\n"))
-            events.append((fields["event"], json.loads(fields["data"])))
-    return events
+from helpers import cli_generate, parse_sse, request
 
 
 def events_of(port: int, body: dict) -> list[tuple[str, dict]]:

@@ -12,12 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import NEEDS_BROWSER, request
+from helpers import NEEDS_BROWSER, SCREENS, open_playground, request
 
 PROMPT = "ROMEO: the king"
 LONG = "The king speaks to the queen of the night. " * 2  # 86 characters: more than 32 tokens
-SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
 
 
 @pytest.fixture(scope="module")
@@ -135,13 +133,7 @@ def test_arrays_too_big_to_send_come_as_their_shape(trained, monkeypatch):
 
 @pytest.fixture(params=list(SCREENS))
 def screen(request, browser, served):
-    context = browser.new_context(**SCREENS[request.param])
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.on("console", lambda m: page.errors.append(m.text) if m.type == "error" else None)
-    page.goto(f"http://127.0.0.1:{served.port}/#generate")
-    page.wait_for_function("window.playground && window.playground.ready === true")
+    context, page = open_playground(browser, served.port, request.param)
     yield page
     context.close()
 

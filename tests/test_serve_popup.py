@@ -10,22 +10,13 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import NEEDS_BROWSER
+from helpers import NEEDS_BROWSER, SCREENS, open_playground
 
 pytestmark = NEEDS_BROWSER
-SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
 
 
 def opened(browser, served, screen: str):
-    context = browser.new_context(**SCREENS[screen])
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.goto(f"http://127.0.0.1:{served.port}/#generate")
-    page.wait_for_function("window.playground && window.playground.ready === true")
-    page.screen = screen
-    return context, page
+    return open_playground(browser, served.port, screen, console=False)
 
 
 @pytest.fixture(params=list(SCREENS))

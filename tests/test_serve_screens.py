@@ -16,14 +16,12 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, Served, wait_until
+from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, SCREENS, Served, wait_until
 
 pytestmark = NEEDS_BROWSER
 CROPPED = pytest.mark.filterwarnings("ignore:the prompt has:UserWarning")
 """The server warns (on its stderr) when a prompt is longer than the model's context; pytest
 would turn that warning, raised in the server's thread, into an error."""
-SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
 
 
 @pytest.fixture(scope="module")

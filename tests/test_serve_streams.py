@@ -21,17 +21,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import JSON, Served, active_streams, cli_generate, request, wait_until
-
-
-def parse_sse(text: str) -> list[tuple[str, dict]]:
-    events = []
-    for block in text.split("\n\n"):
-        if not block.strip():
-            continue
-        fields = dict(line.split(": ", 1) for line in block.split("\n"))
-        events.append((fields["event"], json.loads(fields["data"])))
-    return events
+from helpers import JSON, Served, active_streams, cli_generate, parse_sse, request, wait_until
 
 
 def generate_events(port: int, body: dict) -> list[tuple[str, dict]]:

@@ -16,10 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from helpers import NEEDS_BROWSER, Served, train_tiny_run, wait_until
+from helpers import NEEDS_BROWSER, SCREENS, Served, open_playground, train_tiny_run, wait_until
 
-SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
-           "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
 CONFIG = dict(max_steps=2000, time_limit=0.0, log_interval=10, eval_interval=20, eval_iters=5)
 
 
@@ -73,13 +71,7 @@ def live(tmp_path):
 @pytest.fixture(params=list(SCREENS))
 def screen(request, browser, live):
     """The Training tab of `live`'s run, polling, at one screen size."""
-    context = browser.new_context(**SCREENS[request.param])
-    page = context.new_page()
-    page.errors = []
-    page.on("pageerror", lambda e: page.errors.append(str(e)))
-    page.screen = request.param
-    page.goto(f"http://127.0.0.1:{live.port}/#training")
-    page.wait_for_function("window.playground && window.playground.ready === true")
+    context, page = open_playground(browser, live.port, request.param, tab="training", console=False)
     page.wait_for_function("document.querySelector('#train-status').dataset.state !== undefined")
     yield page
     assert page.errors == [] and not page.is_visible("#page-error"), (page.errors, page.inner_text("#page-error"))
