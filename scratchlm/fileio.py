@@ -103,6 +103,30 @@ def atomic_write(path: str | os.PathLike, mode: str = "wb", *, durable: bool = F
             os.unlink(tmp)
 
 
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, durable: bool = False) -> Iterator[Path]:
+    """atomic_write for a library that opens its output by name: yields the name of an empty
+    temporary file beside `path` to write, which replaces `path` in one rename once the block
+    ends without an exception (after reaching the disk, with durable=True); on a failure `path`
+    stays as it was and the temporary file is removed."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=atomic_prefix(path.name), suffix=ATOMIC_SUFFIX, dir=path.parent)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if durable:
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.chmod(tmp, 0o666 & ~umask())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
 def append_line(path: str | os.PathLike, line: str) -> None:
     """Append `line` and a newline to a log of one record per line, whole or not at all: a write
     that fails part-way (a full disk, an interrupt) is cut back off, so the log never ends in half

@@ -58,6 +58,39 @@ def _run_export_hf(args) -> int:
     return 0
 
 
+def _add_export_gguf(sub) -> None:
+    p = sub.add_parser("export-gguf", help="write a checkpoint and its tokenizer as one GGUF file for llama.cpp "
+                                          "(llama-cli, llama-cpp-python, Ollama, LM Studio)")
+    p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
+    p.add_argument("out", metavar="OUT", help="the .gguf file to write (an existing one is replaced whole)")
+    p.add_argument("--dtype", choices=["f32", "f16", "bf16", "q8_0"], default="f32",
+                   help="the matrices' number format: f32 (exact, the default), f16, bf16 or q8_0 (8-bit, about a "
+                        "quarter of f32's size); norms and biases stay f32")
+    p.add_argument("--force", action="store_true", help="write OUT even if its name does not end in .gguf")
+    p.set_defaults(run=_run_export_gguf)
+
+
+def _run_export_gguf(args) -> int:
+    from pathlib import Path
+
+    from scratchlm.errors import check_output_file
+    from scratchlm.gguf.export import export_gguf
+    from scratchlm.training.checkpoint import load_model, output_write_failed
+
+    check_output_file(args.out, ".gguf", "OUT", force=args.force)
+    model, tokenizer, info = load_model(args.checkpoint)
+    name = Path(args.checkpoint).resolve().name
+    try:
+        done = export_gguf(model, tokenizer, Path(args.out).expanduser(), args.dtype, name=name)
+    except OSError as exc:  # a full disk: the old file (if any) is untouched and the partial one gone
+        raise output_write_failed(Path(args.out), "the GGUF file", exc) from None
+    for note in done.notes:
+        print(f"note: {note}", file=sys.stderr)
+    print(f"wrote {done.path}: llama.cpp {done.arch}, {args.dtype}, {done.n_vocab} tokens ({done.tokenizer} "
+          f"tokenizer), context {done.context}, {done.nbytes / 1e6:.1f} MB")
+    return 0
+
+
 def _add_import_hf(sub) -> None:
     _add_paths_command(sub, "import-hf", "read a local Hugging Face GPT-2, GPT-NeoX or Llama folder into a scratchlm checkpoint",
                        _run_import_hf, ("hf_dir", "HF_DIR", "a directory saved by save_pretrained (config.json + weights)"),
@@ -426,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     cli_inside.add_tokenize(sub)
     cli_inside.add_attention(sub)
     _add_export_hf(sub)
+    _add_export_gguf(sub)
     _add_import_hf(sub)
     _add_generate(sub)
     _add_eval(sub)

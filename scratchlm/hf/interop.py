@@ -401,6 +401,18 @@ def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: 
     }
 
 
+def position_table(model: GPT) -> torch.Tensor:
+    """The (block_size, n_embd) table a GPT-2 adds to the token embeddings for what `model` adds:
+    its learned table, the fixed sinusoidal one (a learned table that happens to hold these
+    values), or zeros for `none` (on CPU, in the embeddings' dtype)."""
+    cfg, dtype = model.config, model.transformer.wte.weight.dtype
+    if cfg.pos_embedding == "learned":
+        return model.transformer.wpe.weight.detach().to("cpu")
+    if cfg.pos_embedding == "sinusoidal":
+        return model.pos_table.detach().to("cpu", dtype)
+    return torch.zeros(cfg.block_size, cfg.n_embd, dtype=dtype)
+
+
 def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
     """Our weights under GPT2LMHeadModel's names and layouts (new contiguous tensors, on CPU)."""
     cfg = model.config
@@ -410,13 +422,8 @@ def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:
     drop_zero_head_bias(state, "GPT-2")
     if cfg.tie_weights:
         state.pop("lm_head.weight")  # GPT-2 rebuilds the tie from wte (tie_word_embeddings)
-    if cfg.pos_embedding == "sinusoidal":
-        # a fixed table added to the embeddings is a learned table that happens to hold these values
-        state["transformer.wpe.weight"] = model.pos_table.detach().to("cpu", state["transformer.wte.weight"].dtype)
-    elif cfg.pos_embedding == "none":
-        state["transformer.wpe.weight"] = torch.zeros_like(state["transformer.wte.weight"][:1]).expand(
-            cfg.block_size, cfg.n_embd
-        )
+    if cfg.pos_embedding != "learned":
+        state["transformer.wpe.weight"] = position_table(model)
     C, hidden = cfg.n_embd, cfg.mlp_hidden
     out: dict[str, torch.Tensor] = {}
     for key, tensor in state.items():
