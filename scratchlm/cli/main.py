@@ -60,7 +60,7 @@ def _run_export_hf(args) -> int:
 
 def _add_export_gguf(sub) -> None:
     p = sub.add_parser("export-gguf", help="write a checkpoint and its tokenizer as one GGUF file for llama.cpp "
-                                          "(llama-cli, llama-cpp-python, Ollama, LM Studio)")
+                                          "(llama-completion, llama-server, llama-cpp-python, Ollama, LM Studio)")
     p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
     p.add_argument("out", metavar="OUT", help="the .gguf file to write (an existing one is replaced whole)")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "q8_0"], default="f32",

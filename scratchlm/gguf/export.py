@@ -67,7 +67,7 @@ def _notes(config: Any, arch: str) -> list[str]:
         notes.append(f"the model's MLP uses exact GELU; llama.cpp's {arch} graph computes GELU's tanh form, which "
                      f"differs by at most {GELU_TANH_GAP} per activation (--activation gelu_tanh matches exactly)")
     notes.append(f"the model reads at most {config.block_size} tokens; llama.cpp makes room for at least 256, so keep "
-                 f"prompt plus new tokens within {config.block_size} (llama-cli -c {config.block_size} -n N, or "
+                 f"prompt plus new tokens within {config.block_size} (llama-completion -c {config.block_size} -n N, or "
                  "max_tokens in llama-cpp-python)")
     return notes
 

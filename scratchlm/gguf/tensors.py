@@ -41,7 +41,7 @@ LLAMA_CPP_ARCH = {"gpt2": "gpt2", "gpt_neox": "gptneox", "llama": "llama"}
 def gguf_arch(config: GPTConfig) -> str:
     """`gpt2`, `gptneox` or `llama`: the llama.cpp architecture that computes what `config` does;
     a UserError naming the field and the flags that would do when none does."""
-    arch = LLAMA_CPP_ARCH[hf_rotary.architecture(config)]
+    arch = LLAMA_CPP_ARCH[hf_rotary.architecture(config, target="llama.cpp")]
     if arch != "llama" and config.activation == "relu":
         raise UserError(f"activation: 'relu' cannot run in llama.cpp: its {arch} graph applies GELU whatever the file "
                         "says, so the model would compute something else; train with --activation gelu_tanh, or in "

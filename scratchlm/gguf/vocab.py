@@ -12,7 +12,8 @@ the one that splits text the way scratchlm's tokenizer does:
   `<|endoftext|>`, the id a model has learned as "another text begins here". One difference
   stays: llama.cpp gives a run of unknown characters one id, scratchlm one id each. The unigram
   tokenizer spells a space U+2581 (as SentencePiece does), so the space's token is written that
-  way, and a vocabulary holding U+2581 itself is refused.
+  way, and a vocabulary holding U+2581 itself is refused (a U+2581 typed into a prompt reads as
+  a space in llama.cpp).
 - `bpe` and `gpt2` -> `gpt2` with the `gpt-2` pre-tokenizer: byte-level BPE, its vocabulary and
   merges as Hugging Face's tokenizer.json holds them, split by GPT-2's pattern first.
 

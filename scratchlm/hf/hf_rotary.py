@@ -33,25 +33,26 @@ from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 
 NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
-NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with no final norm) has no transformers "
+NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with no final norm) has no {target} "
                  "architecture to export to; GPT-2, GPT-NeoX and Llama all normalise before the head; train with "
                  "--final_norm")
 
 
-def architecture(config: GPTConfig) -> str:
+def architecture(config: GPTConfig, target: str = "transformers") -> str:
     """`gpt2`, `gpt_neox` or `llama`: the transformers architecture that computes what `config`
-    computes; a UserError naming the fields (and the flags that would do) when none does."""
+    computes; a UserError naming the fields (and the flags that would do) when none does, and
+    `target` (transformers, llama.cpp: the same three) as what has none."""
     if not config.final_norm:
-        raise UserError(NO_FINAL_NORM)
+        raise UserError(NO_FINAL_NORM.format(target=target))
     if config.norm_position != "pre":
-        raise UserError("norm_position: 'post' blocks have no transformers architecture to export to; "
+        raise UserError(f"norm_position: 'post' blocks have no {target} architecture to export to; "
                         "train with --norm_position pre")
     neox_mlp = config.activation in NEOX_ACTIVATIONS
     if config.pos_embedding != "rope":
         if config.norm == "layernorm" and neox_mlp:
             return "gpt2"
         field = "norm" if config.norm != "layernorm" else "activation"
-        raise UserError(f"{field}: {getattr(config, field)!r} with {config.pos_embedding} positions has no transformers "
+        raise UserError(f"{field}: {getattr(config, field)!r} with {config.pos_embedding} positions has no {target} "
                         "architecture to export to; GPT-2 wants --norm layernorm with --activation gelu, gelu_tanh "
                         "or relu, Llama --pos_embedding rope --norm rmsnorm --activation swiglu")
     if config.norm == "layernorm" and neox_mlp:
@@ -59,7 +60,7 @@ def architecture(config: GPTConfig) -> str:
     if config.norm == "rmsnorm" and config.activation == "swiglu":
         return "llama"
     field = "activation" if config.norm == "rmsnorm" else "norm"
-    raise UserError(f"{field}: {getattr(config, field)!r} with rope and {config.norm} has no transformers architecture "
+    raise UserError(f"{field}: {getattr(config, field)!r} with rope and {config.norm} has no {target} architecture "
                     "to export to; GPT-NeoX wants --norm layernorm with --activation gelu, gelu_tanh or relu, "
                     "Llama --norm rmsnorm with --activation swiglu")
 

@@ -379,6 +379,7 @@ def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: 
         "model_type": "gpt2",
         "vocab_size": config.vocab_size,
         "n_positions": config.block_size,
+        "n_ctx": config.block_size,  # what llama.cpp's convert_hf_to_gguf.py reads as the context
         "n_embd": config.n_embd,
         "n_layer": config.n_layer,
         "n_head": config.n_head,
