@@ -8,6 +8,9 @@
                                             # every run includes it, and it skips itself without CUDA
     python -m benchmarks --quick            # a short smoke run of everything (saved as ...-quick)
     python -m benchmarks --only decode      # some benchmarks; merged into today's file
+    python -m benchmarks --only gguf        # batch-1 greedy decoding beside llama.cpp (llama-cpp-python) on
+                                            # one trained model exported as GGUF, f32 and q8_0 (about a
+                                            # minute; skips itself without llama-cpp-python)
     python -m benchmarks --only prepare-stream  # prepare on a generated 1 GB corpus (.txt and .jsonl),
                                             # beside tiktoken's batch encoder (minutes; --quick: 30 MB)
     python -m benchmarks --only tang        # the tang-poems preset's verse beside the classic recipe's
@@ -46,7 +49,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
-BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "train", "train-gpu", "serve", "tang", "tang-nobf16", "time_to_loss",
+BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "gguf", "train", "train-gpu", "serve", "tang", "tang-nobf16", "time_to_loss",
               "time_to_loss-nobf16")
 
 
@@ -120,6 +123,13 @@ def _bench_decode_one_thread(quick: bool, repeats: int) -> dict[str, Any]:
     return _bench_decode(quick, repeats, threads=1)
 
 
+def _bench_gguf(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_gguf  # skips itself without llama-cpp-python
+
+    # a decode here takes a fraction of a second: at least 10 runs each for a median worth having
+    return bench_gguf.run(repeats=2 if quick else max(repeats, 10))
+
+
 def _bench_train(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_train
 
@@ -185,7 +195,7 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
 
 
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
-    "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "train": _bench_train, "train-gpu": _bench_train_gpu,
+    "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "gguf": _bench_gguf, "train": _bench_train, "train-gpu": _bench_train_gpu,
     "serve": _bench_serve, "tang": _bench_tang, "tang-nobf16": _bench_tang_no_bf16, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
 }
 
@@ -246,6 +256,8 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         rows += _prepare_stream_rows(r)
     elif name in ("tang", "tang-nobf16"):
         rows += _tang_rows(r, name.endswith("nobf16"))
+    elif name == "gguf":
+        rows += _gguf_rows(r)
     elif name.startswith("decode"):
         if r.get("bf16_kernel"):
             rows.append((f"decode, {r.get('threads', '?')} thr", f"bf16 gemv kernel: {r['bf16_kernel'].split(':')[0]}",
@@ -339,6 +351,25 @@ def _prepare_stream_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, st
              _num(peer["best_mb_per_s"], 2), _num(peer["median_mb_per_s"], 2), "MB/s"),
             (where, "`scratchlm prepare` peak memory (RSS)", "", _num(f["peak_rss_mb"], 0), "MB"),
         ]
+    return rows
+
+
+def _gguf_rows(r: dict[str, Any]) -> list[tuple[str, str, str, str, str]]:
+    """scratchlm's batch-1 greedy decoding beside llama.cpp's on the same model, f32 and q8_0 files."""
+    if "skipped" in r:
+        return [("gguf", f"skipped: {r['skipped']}", "", "", "")]
+    m = r["model"]
+    where = (f"decode beside llama.cpp, {m['params'] / 1e6:.1f}M {m['arch']}, context {m['context']}: prompt "
+             f"{r['prompt_tokens']} + {r['new_tokens']} new tokens, {r['threads']} thr")
+    rows = []
+    for name, d in r["decoders"].items():
+        label = ("scratchlm Engine, KV cache, fp32" if name == "scratchlm"
+                 else f"{name} (llama-cpp-python {r['llama_cpp']}, peer)")
+        if name in r["agreement"]:
+            label += f", same greedy ids: {'yes' if r['agreement'][name]['same_ids'] else 'no'}"
+        rows.append((where, label, _num(d["best_tok_s"], 0), _num(d["median_tok_s"], 0), "tok/s"))
+    for name, ratio in r["ratios"].items():
+        rows.append((where, f"{name} (medians)", "", _num(ratio, 2), "x"))
     return rows
 
 
