@@ -71,20 +71,29 @@ def test_a_name_without_gguf_a_vocabulary_with_the_space_mark_and_no_tokenizer_a
     marked = checkpoint(tmp_path / "b", CharTokenizer.train([TEXT + "\u2581"]), activation="gelu_tanh")
     result = export(marked, tmp_path / "marked.gguf")
     assert result.returncode == 2 and "U+2581" in result.stderr and result.stderr.count("\n") == 1
+    nul = checkpoint(tmp_path / "c", CharTokenizer.train([TEXT + "\x00"]), activation="gelu_tanh")
+    result = export(nul, tmp_path / "nul.gguf")
+    assert result.returncode == 2 and "NUL (U+0000)" in result.stderr and result.stderr.count("\n") == 1
     (ckpt / "tokenizer").rename(tmp_path / "elsewhere")
     result = export(ckpt, tmp_path / "bare.gguf")
     assert result.returncode == 2 and "no tokenizer" in result.stderr and result.stderr.count("\n") == 1
     assert not any(p.suffix == ".gguf" or p.name.endswith(".tmp") for p in tmp_path.rglob("*"))
 
 
-def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary_file(tmp_path, monkeypatch):
+def test_the_folder_of_a_new_file_is_made(tmp_path):
+    result = export(checkpoint(tmp_path, activation="gelu_tanh", lm_head_bias=False), tmp_path / "exports" / "today" / "m.gguf")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "exports" / "today" / "m.gguf").read_bytes()[:4] == b"GGUF"
+
+
+def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary_file(tmp_path, monkeypatch, capsys):
     import errno
 
     import gguf
 
     from scratchlm.cli.main import main
 
-    ckpt = checkpoint(tmp_path, activation="gelu_tanh")
+    ckpt = checkpoint(tmp_path, activation="gelu_tanh", lm_head_bias=False)
     out = tmp_path / "model.gguf"
     out.write_bytes(b"yesterday's export")
 
@@ -93,6 +102,8 @@ def test_a_failed_write_leaves_the_old_file_whole_and_no_temporary_file(tmp_path
 
     monkeypatch.setattr(gguf.GGUFWriter, "write_tensors_to_file", full_disk)
     assert main(["export-gguf", str(ckpt), str(out)]) == 2
+    said = capsys.readouterr().err
+    assert said.count("\n") == 1 and "cannot write the GGUF file: the disk is full; nothing of it was left" in said
     assert out.read_bytes() == b"yesterday's export"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "model.gguf"]
 

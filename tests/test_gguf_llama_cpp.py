@@ -152,7 +152,7 @@ def test_greedy_text_of_each_layout_equals_scratchlm_generate_in_f32_and_f16(nam
 def test_f32_logits_equal_the_models_and_q8_0_predicts_the_same_next_token(name, trained, tmp_path):
     """Held-out text through llama.cpp (every position's logits, float32 K/V cache) beside the
     model's own forward pass: f32 within the rounding of llama.cpp's GELU table, 5e-3 (the Llama
-    layout has no GELU: 2e-4), and q8_0 choosing the same next token at >= 95% of positions."""
+    layout has no GELU: 2e-4), and bf16 and q8_0 choosing the same next token at >= 95% of positions."""
     model, tok, _ = load_model(trained(name))
     context = model.config.block_size
     ids = held_out(name, tok, context)
@@ -160,7 +160,7 @@ def test_f32_logits_equal_the_models_and_q8_0_predicts_the_same_next_token(name,
         logits = model(torch.tensor([ids]))
         want = (logits[0] if isinstance(logits, tuple) else logits)[0, :, : tok.vocab_size].double().numpy()
     assert (want.max(1) - np.median(want, 1)).mean() > 3  # trained: peaked, far from a fresh model's flat logits
-    for dtype in ("f32", "q8_0"):
+    for dtype in ("f32", "bf16", "q8_0"):
         export_gguf(model, tok, tmp_path / f"{dtype}.gguf", dtype)
         llm = llama(tmp_path / f"{dtype}.gguf", context, logits_all=True, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
         llm.eval(ids)
@@ -169,7 +169,7 @@ def test_f32_logits_equal_the_models_and_q8_0_predicts_the_same_next_token(name,
             assert np.abs(got - want).max() <= (2e-4 if RUNS[name][1] == "llama" else 5e-3)
         else:
             agree = (got.argmax(1) == want.argmax(1)).mean()
-            assert agree >= 0.95, f"q8_0 agrees on {agree:.1%} of next tokens"
+            assert agree >= 0.95, f"{dtype} agrees on {agree:.1%} of next tokens"
 
 
 # --------------------------------------------------------------------------------------------

@@ -65,7 +65,8 @@ def _notes(config: Any, arch: str) -> list[str]:
     notes = []
     if config.activation == "gelu" and arch != "llama":
         notes.append(f"the model's MLP uses exact GELU; llama.cpp's {arch} graph computes GELU's tanh form, which "
-                     f"differs by at most {GELU_TANH_GAP} per activation (--activation gelu_tanh matches exactly)")
+                     f"differs by at most {GELU_TANH_GAP} per activation (with --activation gelu_tanh only llama.cpp's 16-bit "
+                     "GELU table differs: logits within about 1e-3 either way)")
     notes.append(f"the model reads at most {config.block_size} tokens; llama.cpp makes room for at least 256, so keep "
                  f"prompt plus new tokens within {config.block_size} (llama-completion -c {config.block_size} -n N, or "
                  "max_tokens in llama-cpp-python)")
@@ -104,9 +105,12 @@ def export_gguf(model: Any, tokenizer: Any, out: Path | str, dtype: str = "f32",
     if not all(kept):
         notes.append(f"{kept.count(False)} matrices have rows that are not a whole number of 32-number blocks; they "
                      "are f16, the rest q8_0")
+    out.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(out, durable=True) as tmp:
-        writer.write_header_to_file(path=tmp)
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
+        try:
+            writer.write_header_to_file(path=tmp)
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+        finally:
+            writer.close()  # also when a write failed: no open file is left on the removed name
     return GGUFExport(out, arch, vocab.model, n_vocab, model.config.block_size, out.stat().st_size, notes)

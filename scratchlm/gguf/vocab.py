@@ -17,9 +17,11 @@ the one that splits text the way scratchlm's tokenizer does:
 - `bpe` and `gpt2` -> `gpt2` with the `gpt-2` pre-tokenizer: byte-level BPE, its vocabulary and
   merges as Hugging Face's tokenizer.json holds them, split by GPT-2's pattern first.
 
-In every form, <|bos|> and <|endoftext|> are control tokens (never produced from text, as
-scratchlm encodes text literally), no BOS or EOS is added around a text, and ids no piece holds
-(a char vocabulary read with gaps) are written as unused placeholders.
+In every form, <|bos|> and <|endoftext|> are control tokens (llama.cpp's tokenize with
+special=False keeps them typed text, as scratchlm does; llama-cpp-python's create_completion
+tokenizes with special=True and reads them as the tokens), no BOS or EOS is added around a text,
+and ids no piece holds (a char vocabulary read with gaps) are written as unused placeholders. A
+char vocabulary holding NUL is refused: llama.cpp's unigram tokenizer never matches it.
 """
 
 from __future__ import annotations
@@ -96,6 +98,9 @@ def _char_vocab(tokenizer: Any) -> GGUFVocab:
     if any(SPACE_MARK in piece for piece in pieces.values()):
         raise UserError(f"the vocabulary holds the character U+2581 ({SPACE_MARK}), which llama.cpp's tokenizer uses to "
                         "spell a space, so the two could not be told apart; train the tokenizer on text without it")
+    if "\x00" in pieces.values():
+        raise UserError("the vocabulary holds the character NUL (U+0000), which llama.cpp's tokenizer never matches "
+                        "(it would read it as unknown); train the tokenizer on text without it")
     tokens, types = _placeholders({i: p.replace(" ", SPACE_MARK) for i, p in pieces.items()}, tokenizer.vocab_size)
     for i in (tokenizer.bos_id, tokenizer.eos_id):
         types[i] = CONTROL
