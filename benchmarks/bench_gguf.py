@@ -99,14 +99,10 @@ def _decoders(model: Any, files: dict[str, Path], prompt: list[int], new_tokens:
 
 def _time(runs: dict[str, Callable[[], list[int]]], repeats: int) -> tuple[dict[str, list[int]], dict[str, list[float]]]:
     """Each decoder once to warm up (its ids kept), then `repeats` interleaved timed rounds."""
+    from benchmarks.bench_train import time_interleaved
+
     ids = {name: fn() for name, fn in runs.items()}
-    times: dict[str, list[float]] = {name: [] for name in runs}
-    for _ in range(repeats):
-        for name, fn in runs.items():
-            start = time.perf_counter()
-            fn()
-            times[name].append(time.perf_counter() - start)
-    return ids, times
+    return ids, time_interleaved(runs, repeats, warmup=0)
 
 
 def _agreement(ours: list[int], theirs: list[int]) -> dict[str, Any]:

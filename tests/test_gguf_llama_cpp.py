@@ -8,6 +8,7 @@ model's own; and llama.cpp's tokenizer, read from the file, encodes and decodes 
 from __future__ import annotations
 
 import os
+import string
 import subprocess
 import sys
 from pathlib import Path
@@ -176,7 +177,6 @@ def test_f32_logits_equal_the_models_and_q8_0_predicts_the_same_next_token(name,
 # The tokenizer inside the file: llama.cpp's encoding and decoding beside scratchlm's
 # --------------------------------------------------------------------------------------------
 
-import string  # noqa: E402
 
 ALPHABET = string.printable + "床前明月光，疑是地上霜。举头望低思故乡"
 TEXTS = {

@@ -126,7 +126,7 @@ def _byte_level_vocab(tokenizer: Any) -> GGUFVocab:
             hf_tok, _, merge_pairs = _gpt2_tokenizer_from_ranks(Path(saved) / "gpt2.tiktoken")
         else:
             hf_tok = Tokenizer.from_file(str(Path(saved) / "tokenizer.json"))
-            merge_pairs = _bpe_merges(json.loads(hf_tok.to_str()))
+            merge_pairs = _bpe_merges(json.loads(hf_tok.to_str()), tokenizer.cut_rule == "gpt2")
     pieces = {i: piece for piece, i in hf_tok.get_vocab(with_added_tokens=True).items()}
     tokens, types = _placeholders(pieces, tokenizer.vocab_size)
     for i in getattr(tokenizer, "special_ids", ()) | {tokenizer.bos_id, tokenizer.eos_id}:
@@ -135,12 +135,12 @@ def _byte_level_vocab(tokenizer: Any) -> GGUFVocab:
                      merges=[f"{a} {b}" for a, b in merge_pairs])
 
 
-def _bpe_merges(spec: dict) -> list[tuple[str, str]]:
-    """The merges of a byte-level BPE tokenizer.json that splits text as GPT-2 does; a UserError
-    for one that llama.cpp's gpt-2 pre-tokenizer would split otherwise."""
-    model, pre = spec.get("model") or {}, spec.get("pre_tokenizer") or {}
-    plain = (not spec.get("normalizer") and pre.get("type") == "ByteLevel" and not pre.get("add_prefix_space")
-             and pre.get("use_regex", True) and model.get("type") == "BPE" and not model.get("dropout")
+def _bpe_merges(spec: dict, gpt2_split: bool) -> list[tuple[str, str]]:
+    """The merges of a byte-level BPE tokenizer.json; gpt2_split: it splits text as GPT-2 does
+    (BPETokenizer.cut_rule says so). A UserError for one that llama.cpp's gpt-2 pre-tokenizer
+    would split otherwise."""
+    model = spec.get("model") or {}
+    plain = (gpt2_split and model.get("type") == "BPE" and not model.get("dropout")
              and not model.get("continuing_subword_prefix") and not model.get("end_of_word_suffix")
              and not model.get("byte_fallback"))
     if not plain:
