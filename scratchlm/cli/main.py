@@ -62,10 +62,14 @@ def _add_export_gguf(sub) -> None:
     p = sub.add_parser("export-gguf", help="write a checkpoint and its tokenizer as one GGUF file for llama.cpp "
                                           "(llama-completion, llama-server, llama-cpp-python, Ollama, LM Studio)")
     p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
-    p.add_argument("out", metavar="OUT", help="the .gguf file to write (an existing one is replaced whole)")
+    p.add_argument("out", metavar="OUT", help="the .gguf file to write (an earlier export is replaced whole; any "
+                                              "other file is refused)")
     p.add_argument("--dtype", choices=["f32", "f16", "bf16", "q8_0"], default="f32",
                    help="the matrices' number format: f32 (exact, the default), f16, bf16 or q8_0 (8-bit, about a "
                         "quarter of f32's size); norms and biases stay f32")
+    p.add_argument("--all-q8_0", action="store_true",
+                   help="with --dtype q8_0, quantize also the matrices that llama.cpp's AMX kernels would take (kept "
+                        "f16 by default: they crash on Intel CPUs with AMX): a smaller file for other CPUs")
     p.add_argument("--force", action="store_true", help="write OUT even if its name does not end in .gguf")
     p.set_defaults(run=_run_export_gguf)
 
@@ -73,15 +77,22 @@ def _add_export_gguf(sub) -> None:
 def _run_export_gguf(args) -> int:
     from pathlib import Path
 
-    from scratchlm.errors import check_output_file
-    from scratchlm.gguf.export import export_gguf
+    from scratchlm.errors import UserError, check_output_file
+    from scratchlm.gguf.export import check_replaceable, export_gguf
+    from scratchlm.outdir import check_not_input
     from scratchlm.training.checkpoint import load_model, output_write_failed
 
     check_output_file(args.out, ".gguf", "OUT", force=args.force)
+    check_replaceable(args.out)
+    if args.all_q8_0 and args.dtype != "q8_0":
+        raise UserError(f"--all-q8_0 is for --dtype q8_0 (got --dtype {args.dtype})")
     model, tokenizer, info = load_model(args.checkpoint)
+    ckpt = Path(info["checkpoint"])  # what was read: the checkpoint, its run's tokenizer and `latest`
+    check_not_input(args.out, [ckpt, ckpt.parent / "tokenizer", ckpt.parent / "latest"], "OUT")
     name = Path(args.checkpoint).resolve().name
     try:
-        done = export_gguf(model, tokenizer, Path(args.out).expanduser(), args.dtype, name=name)
+        done = export_gguf(model, tokenizer, Path(args.out).expanduser(), args.dtype, name=name,
+                           all_q8_0=args.all_q8_0)
     except OSError as exc:  # a full disk: the old file (if any) is untouched and the partial one gone
         raise output_write_failed(Path(args.out), "the GGUF file", exc) from None
     for note in done.notes:

@@ -69,6 +69,31 @@ def write_hparams(writer: Any, config: GPTConfig, arch: str, n_vocab: int) -> No
         writer.add_parallel_residual(False)  # scratchlm's blocks run attention, then the MLP
 
 
+# llama.cpp's CPU backend looks these two up by row (get_rows); every other matrix is the left
+# side of a matrix product, and the token table is one too where the file has no output.weight:
+# llama.cpp then loads it a second time as the head (llama-model-loader.cpp, TENSOR_DUPLICATED).
+LOOKUP_TABLES = ("token_embd.weight", "position_embd.weight")
+
+
+def product_weights(tensors: dict[str, torch.Tensor]) -> set[str]:
+    """The names of the matrices llama.cpp multiplies by."""
+    products = {name for name, value in tensors.items() if value.ndim == 2 and name not in LOOKUP_TABLES}
+    if "output.weight" not in tensors:
+        products.add("token_embd.weight")
+    return products
+
+
+def amx_takes(shape: tuple[int, ...], product: bool) -> bool:
+    """Whether llama.cpp's AMX kernels would multiply by a q8_0 matrix of torch shape (out, in).
+
+    A llama.cpp built for a CPU with AMX-INT8 (Intel Xeon 4th generation and later) puts a
+    quantized weight in its AMX buffer and multiplies by it with tile instructions when the
+    product's output width (the matrix's rows) is a multiple of 2 x TILE_N = 32 and its input
+    width a multiple of TILE_K = 32 (ggml-cpu/amx/amx.cpp, extra_buffer_type::supports_op, in
+    llama-cpp-python 0.3.36). Those kernels crashed on a prompt of 8 or more tokens there."""
+    return product and len(shape) == 2 and shape[0] % 32 == 0 and shape[1] % 32 == 0
+
+
 def rope_pairs_adjacent(rows: torch.Tensor, n_head: int) -> torch.Tensor:
     """Q or K rows (or their bias) of all heads, each head's rows i and i + hs/2 moved to 2i and 2i + 1."""
     head = rows.shape[0] // n_head
