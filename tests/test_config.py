@@ -191,7 +191,8 @@ def test_every_multi_word_flag_of_every_command_takes_both_spellings():
     checked = 0
     for name, sub in commands.items():
         required = [a for a in sub._actions if a.required and a.option_strings]
-        base = [name] + [token for a in required for token in (a.option_strings[0], "x")]
+        positional = [a for a in sub._actions if not a.option_strings and a.required and a.nargs is None]
+        base = [name] + ["x"] * len(positional) + [token for a in required for token in (a.option_strings[0], "x")]
         for action in sub._actions:
             for flag in action.option_strings:
                 if not flag.startswith("--") or ("-" not in flag[2:] and "_" not in flag[2:]):
