@@ -6,6 +6,10 @@ Face tokenizers for bpe, the sorted alphabet for char)."""
 from __future__ import annotations
 
 import json
+import os
+import random
+import subprocess
+import sys
 
 import pytest
 
@@ -118,3 +122,54 @@ def test_a_runs_tokenizer_and_the_text_view(tmp_path, capsys):
     assert "<BOS>" in text and "decode(ids) == text: True" in text
     assert main(["tokenize", "--checkpoint", str(tmp_path / "ckpt"), "xyz"]) == 2  # not in the run's alphabet
     assert "'x'" in capsys.readouterr().err
+
+
+def _command(*argv: str, stdin: bytes = b"", command: str = "tokenize") -> subprocess.CompletedProcess:
+    """`python -m scratchlm COMMAND ARGV` with `stdin`, in UTF-8 mode: Python's stdin then lets
+    bytes that are not UTF-8 through as lone surrogates (as a C or C.UTF-8 locale does), the case
+    that once ended in a traceback."""
+    env = {**os.environ, "PYTHONUTF8": "1"}
+    return subprocess.run([sys.executable, "-m", "scratchlm", command, *argv], input=stdin, capture_output=True,
+                          env=env, timeout=120)
+
+
+def test_random_bytes_on_stdin_are_one_error_line():
+    data = random.Random(0).randbytes(3000)
+    with pytest.raises(UnicodeDecodeError) as bad:  # where Python's own codec first stops
+        data.decode("utf-8")
+    done = _command(stdin=data)
+    assert done.returncode == 2 and done.stdout == b""
+    assert done.stderr.decode() == f"error: stdin: not UTF-8 text (a bad byte at offset {bad.value.start})\n"
+
+
+def test_random_bytes_in_the_argument_are_one_error_line():
+    data = random.Random(0).randbytes(300).replace(b"\0", b"")  # an argument cannot hold a NUL
+    with pytest.raises(UnicodeDecodeError) as bad:
+        data.decode("utf-8")
+    done = _command(os.fsdecode(data))  # the bytes the process gets in its argv
+    assert done.returncode == 2 and done.stdout == b""
+    expected = f"error: the text argument: not UTF-8 text (a bad byte at offset {bad.value.start})\n"
+    assert done.stderr.decode() == expected
+
+
+def test_chinese_on_stdin_is_tokenized_as_the_same_argument():
+    text = TEXTS["chinese"]
+    piped, given = _command("--json", stdin=text.encode("utf-8")), _command("--json", text)
+    assert piped.returncode == 0 and given.returncode == 0, (piped.stderr, given.stderr)
+    assert piped.stdout == given.stdout
+    alphabet = sorted(set(text))
+    assert json.loads(piped.stdout)["ids"] == [alphabet.index(c) for c in text]
+
+
+def test_random_bytes_as_generates_prompt_are_one_error_line(tmp_path):
+    """generate reads its prompt (stdin or --prompt) by the same rule, before it loads a model."""
+    data = random.Random(1).randbytes(3000).replace(b"\0", b"")
+    with pytest.raises(UnicodeDecodeError) as bad:
+        data.decode("utf-8")
+    where = ["--checkpoint", str(tmp_path / "never-read")]
+    piped = _command(*where, stdin=data, command="generate")
+    assert piped.returncode == 2 and piped.stdout == b""
+    assert piped.stderr.decode() == f"error: the prompt on stdin: not UTF-8 text (a bad byte at offset {bad.value.start})\n"
+    given = _command(*where, "--prompt", os.fsdecode(data[:300]), command="generate")
+    assert given.returncode == 2 and given.stdout == b""
+    assert given.stderr.decode().startswith("error: --prompt: not UTF-8 text (a bad byte at offset ")

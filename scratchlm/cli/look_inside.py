@@ -214,13 +214,18 @@ def add_tokenize(sub) -> None:
     p.set_defaults(run=_run_tokenize)
 
 
+STDIN_CHARS = 1_000_000
+"""The most of stdin `tokenize` reads: a text to look at, not a corpus."""
+
+
 def _run_tokenize(args) -> int:
-    import sys
-
-    from scratchlm.text.text_files import without_bom
     from scratchlm.inside.tokenize_view import format_tokenize, tokenize_report
+    from scratchlm.text.text_files import argument_text, stdin_text
 
-    text = args.text if args.text is not None else without_bom(sys.stdin.read(1_000_000))
+    if args.text is not None:
+        text = argument_text(args.text, "the text argument")
+    else:
+        text = stdin_text(STDIN_CHARS)[:STDIN_CHARS]
     if not text:
         raise UserError("give some text to tokenize (an argument, or on stdin)")
     if args.block_size is not None and args.block_size < 1:

@@ -267,10 +267,10 @@ def _add_generate(sub) -> None:
 
 
 def _read_prompt(args) -> str:
-    from scratchlm.text.text_files import without_bom  # a BOM starting a file is not text (one rule, every reader)
+    from scratchlm.text.text_files import argument_text, stdin_text, without_bom  # one rule, every reader
 
     if args.prompt is not None:
-        return args.prompt
+        return argument_text(args.prompt, "--prompt")
     if args.prompt_file is not None:
         try:
             with open(args.prompt_file, encoding="utf-8") as f:
@@ -284,10 +284,10 @@ def _read_prompt(args) -> str:
         except UnicodeDecodeError as exc:
             raise UserError(f"--prompt-file {args.prompt_file}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
     if sys.stdin is not None and not sys.stdin.isatty():
-        text = sys.stdin.read(MAX_PROMPT_CHARS + 1)
+        text = stdin_text(MAX_PROMPT_CHARS, "the prompt on stdin")
         if len(text) > MAX_PROMPT_CHARS:
             raise UserError(f"the prompt on stdin is longer than {MAX_PROMPT_CHARS:,} characters; give its end only")
-        return without_bom(text)
+        return text
     return ""  # nothing given: start from BOS
 
 
