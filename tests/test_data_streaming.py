@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -157,6 +158,32 @@ def _cut_tokenizers() -> list:
         if RANK_FILE.is_file():
             _CUT_TOKENIZERS.append(get_tokenizer("gpt2", tokenizer_file=RANK_FILE))
     return _CUT_TOKENIZERS
+
+
+# GPT-2's pre-tokenizer on Python's re, whose \\s is str.isspace: U+001C..U+001F are white space
+# to it, as they are not to tiktoken's and Hugging Face's engines (letters: [^\\W\\d_], so the text
+# below has no underscore). A cut must keep the pre-tokens of the widest engine too.
+_ISSPACE_GPT2 = re.compile(r"""'(?:[sdmt]|ll|ve|re)| ?[^\W\d_]+| ?\d+| ?[^\s\w]+|\s+(?!\S)|\s+""")
+
+
+def test_separators_u001c_to_u001f_are_white_space_to_the_cut_search(tmp_path, monkeypatch):
+    """Before a newline, U+001C..U+001F are white space to str.isspace (the file, group, record
+    and unit separators): a piece ending "\\x1c\\n" makes that one pre-token, where the whole text,
+    with a letter after the newline, makes it two. Here they are the only white space besides the
+    newlines, and the streamed pieces (tiny reads, every piece length) keep the pre-tokens."""
+    monkeypatch.setattr(reading, "READ_BYTES", 7)
+    text = "".join(f"{word}{mark}{sep}\n" for word in ("ab", "Zed", "cafe", "x")
+                   for mark in ",.;!" for sep in "\x1c\x1d\x1e\x1f")
+    path = write_file(tmp_path / "t.txt", text)
+    whole = _ISSPACE_GPT2.findall(text)
+    assert _ISSPACE_GPT2.findall("ab,\x1c\n") == ["ab", ",", "\x1c\n"]  # at a piece's end: one pre-token
+    for target in range(1, 13):
+        cutter = cutting.Cutter("gpt2", target)
+        pieces = [p.text for p, _ in reading.source_pieces(reading.Source(path, "txt"), "strict", cutter)]
+        assert "".join(pieces) == text and len(pieces) > 20 and cutter.forced == 0
+        assert [t for p in pieces for t in _ISSPACE_GPT2.findall(p)] == whole, target
+        for tok in _cut_tokenizers():
+            assert [t for p in pieces for t in tok.encode(p)] == tok.encode(text)
 
 
 def test_a_run_with_no_safe_place_is_cut_by_force_and_counted(tmp_path, monkeypatch):

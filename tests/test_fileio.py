@@ -39,6 +39,38 @@ def test_a_finished_write_replaces_whole_with_the_usual_permissions(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"]
 
 
+def test_a_durable_write_reaches_the_disk_before_its_rename(tmp_path, monkeypatch):
+    """durable=True: the temporary file is fsynced, holding every byte written (flushed from
+    Python's buffer first), before the rename makes it the file. A crash between the two would
+    otherwise leave the name pointing at a file whose data never reached the disk."""
+    events = []
+    real_fsync, real_replace, real_rename = os.fsync, os.replace, os.rename
+
+    def fsync(fd):
+        st = os.fstat(fd)
+        events.append(("fsync", st.st_ino, st.st_size))
+        real_fsync(fd)
+
+    def moved(real, name):
+        def move(src, dst, *args, **kwargs):
+            events.append((name, os.stat(src).st_ino))
+            return real(src, dst, *args, **kwargs)
+        return move
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "replace", moved(real_replace, "rename"))
+    monkeypatch.setattr(os, "rename", moved(real_rename, "rename"))
+    data = b"a checkpoint's worth of bytes\n" * 100
+    with atomic_write(tmp_path / "out.bin", durable=True) as f:
+        f.write(data)
+    renames = [e for e in events if e[0] == "rename"]
+    assert len(renames) == 1, events
+    ino = renames[0][1]
+    before = events[:events.index(renames[0])]
+    assert ("fsync", ino, len(data)) in before, events  # the renamed file, whole, synced before its rename
+    assert (tmp_path / "out.bin").read_bytes() == data
+
+
 def test_pictures_are_written_whole_and_readable_by_others(tmp_path):
     import numpy as np
 

@@ -385,6 +385,11 @@ def test_an_append_that_fails_mid_write_leaves_no_half_record(tmp_path, monkeypa
     (b'{"a": 1}\n{"b": 2}', b'{"a": 1}\n{"b": 2}\n'),  # only the newline lost: the record kept, the newline added
     (b'{"a": 1}\n12', b'{"a": 1}\n'),  # JSON, but not a record: `12` may be `123` torn
     (b'{"a": 1}\n{"b": "\xc3', b'{"a": 1}\n'),  # torn inside a UTF-8 character
+    # a last line that ends in a newline is checked too: a crash of the machine can leave a log
+    # grown over bytes never written (zeros), and an editor gives a torn line its newline
+    (b'{"a": 1}\n\x00\x00\x00\x00\n', b'{"a": 1}\n'),
+    (b'{"a": 1}\n{"b": 2, "c\n', b'{"a": 1}\n'),
+    (b'{"a": 1}\n12\n', b'{"a": 1}\n'),
     (b'{"a', b''),  # the only record torn
     (b'', b''),
     (b'{"a": 1}\n\n', b'{"a": 1}\n\n'),  # a blank last line is no record, so no torn one: nothing cut or said
@@ -392,7 +397,8 @@ def test_an_append_that_fails_mid_write_leaves_no_half_record(tmp_path, monkeypa
     (b'{"a": 1}\n \t', b'{"a": 1}\n \t'),
     (b'\n', b'\n'),
     (b'{"a": 1}\n' * 20000 + b'{"z', b'{"a": 1}\n' * 20000),  # a log longer than one read of its tail
-])
+    (b'{"a": 1}\n' * 20000 + b'{"z\n', b'{"a": 1}\n' * 20000),
+], ids=lambda content: f"{len(content)}B-" + content[-12:].decode("ascii", "backslashreplace"))
 def test_a_torn_last_record_is_cut_by_hand(tmp_path, content, kept):
     log = tmp_path / "metrics.jsonl"
     log.write_bytes(content)

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import JSON, Served, active_streams, one_line_refusal, raw, tree_hashes
+from helpers import JSON, Served, active_streams, one_line_refusal, raw, tree_hashes, wait_until
 
 
 class Command:
@@ -126,6 +126,24 @@ def test_a_post_that_is_not_json_is_refused_before_any_stream(command, untouched
     for path, body in [("/api/generate", GENERATE), ("/api/attention", b'{"run": "mixed", "text": "The"}')]:
         status, answer = raw(command.port, "POST", path, headers, body)
         one_line_refusal(status, answer, 415, "application/json")
+
+
+@pytest.mark.parametrize("method", ["DELETE", "PUT", "PATCH"])
+def test_any_method_with_a_body_that_is_not_json_is_refused_as_a_post_is(command, untouched, method):
+    """No route takes these methods; the guard refuses them before routing all the same (415, not
+    Starlette's 405), so a route added later is never open to a body a foreign page could send."""
+    headers = {"Host": f"127.0.0.1:{command.port}", "Content-Type": "text/plain"}
+    for path in ("/api/generate", "/api/runs"):
+        status, answer = raw(command.port, method, path, headers, GENERATE)
+        one_line_refusal(status, answer, 415, "application/json")
+
+
+@pytest.mark.parametrize("kind", ["Application/JSON", "APPLICATION/JSON; charset=UTF-8"])
+def test_the_json_media_type_is_read_in_any_case(command, untouched, kind):
+    """Media types are case-insensitive (RFC 9110, 8.3.1): these are JSON bodies, and answered."""
+    status, text = raw(command.port, "POST", "/api/generate", {"Host": f"127.0.0.1:{command.port}", "Content-Type": kind},
+                       GENERATE)
+    assert status == 200 and "event: done" in text
 
 
 def test_a_refused_post_starts_no_stream(runs, monkeypatch):
@@ -291,6 +309,28 @@ def test_connections_past_the_cap_make_room_for_a_real_request(quick):
     finally:
         for s in socks:
             s.close()
+
+
+def test_past_the_cap_the_connection_that_waited_longest_goes(runs):
+    """Four silent connections at a cap of 4, opened one after another (long deadlines, so none
+    closes by itself): a fifth makes the first close, the one that has waited longest, and no other."""
+    from scratchlm.serve.app import Limits
+    from scratchlm.serve.library import RunLibrary
+
+    with Served(RunLibrary(runs=runs), Limits(request_seconds=600, idle_seconds=600, connections=4)) as s:
+        socks = []
+        try:
+            for n in range(1, 6):
+                socks.append(socket.create_connection(("127.0.0.1", s.port)))
+                # each accepted before the next, so their waits are in the order they were opened
+                assert wait_until(lambda: len(s.server.server_state.connections) >= min(n, 4))
+                time.sleep(0.05)
+            closed = select.select(socks, [], [], 30)[0]
+            assert closed == [socks[0]] and socks[0].recv(1) == b""
+            assert select.select(socks[1:], [], [], 0.5)[0] == []  # the others are still open, and silent
+        finally:
+            for sock in socks:
+                sock.close()
 
 
 @pytest.mark.slow
