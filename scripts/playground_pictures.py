@@ -25,6 +25,8 @@ import threading
 import time
 from pathlib import Path
 
+from page_steps import WAIT_MS, press, wait_generated
+
 ROOT = Path(__file__).resolve().parent.parent
 SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
            "phone": dict(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)}
@@ -98,19 +100,17 @@ def shoot(chromium: str, url: str, run: str, out: Path) -> None:
             page.wait_for_function("window.playground && window.playground.ready === true")
             page.select_option("#run", run)
             generate_picture(page, screen, out / f"playground-{screen}-generate.png")
-            button = page.locator("#alts button.attention-at")
-            (button.tap if screen == "phone" else button.click)()
-            page.wait_for_selector("#att-row:not([hidden])", timeout=60_000)
+            press(page, "#alts button.attention-at", screen == "phone", then="#att-row:not([hidden])")
             page.screenshot(path=str(out / f"playground-{screen}-attention.png"))
             page.goto(url + "#inside")
             page.click("#walk-run")
             page.wait_for_function(f"document.querySelector('#walk-summary').textContent.includes({run!r})",
-                                   timeout=60_000)
+                                   timeout=WAIT_MS)
             page.click("#walk-stations button.station[data-key$='weights']")
             page.locator("#walk-matrix").scroll_into_view_if_needed()
             page.screenshot(path=str(out / f"playground-{screen}-inside.png"))
             page.goto(url + "#training")
-            page.wait_for_selector("#train-chart polyline.train-curve", timeout=60_000)
+            page.wait_for_selector("#train-chart polyline.train-curve", timeout=WAIT_MS)
             page.evaluate("window.scrollTo(0, 0)")  # a change of #hash keeps the last tab's scroll
             page.screenshot(path=str(out / f"playground-{screen}-training.png"))
             context.close()
@@ -126,12 +126,9 @@ def generate_picture(page, screen: str, path: Path) -> None:
     if screen == "phone":  # a reader folds the settings again to see the text
         page.click("#settings > summary")
     page.click("#go")
-    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    wait_generated(page)
     index = min(POPUP_TOKEN, page.evaluate("playground.tokens.length") - 1)  # a short text: its last token
-    token = f"#output .tok[data-index='{index}']"
-    page.locator(token).scroll_into_view_if_needed()
-    (page.tap if screen == "phone" else page.click)(token)
-    page.wait_for_selector("#alts[data-pinned]")
+    press(page, f"#output .tok[data-index='{index}']", screen == "phone", then=f"#alts[data-index='{index}'][data-pinned]")
     page.screenshot(path=str(path))
 
 

@@ -186,6 +186,21 @@ SCREENS = {"desktop": dict(viewport={"width": 1280, "height": 800}),
 """The two screens the playground is tested on (issue 34): a desktop, and a touch phone."""
 
 
+def _page_steps():
+    """scripts/page_steps.py, the page's own states waited on (shared with the pictures script)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("page_steps", Path(__file__).resolve().parent.parent / "scripts"
+                                                  / "page_steps.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_steps = _page_steps()
+WAIT_MS, press, wait_generated = _steps.WAIT_MS, _steps.press, _steps.wait_generated
+
+
 def open_playground(browser, port: int, screen: str, tab: str = "generate", console: bool = True):
     """(context, page): the playground on `port` at one of SCREENS, opened on `tab` and ready. The
     page's script errors (and, with `console`, its console errors) gather in page.errors;

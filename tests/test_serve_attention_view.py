@@ -11,7 +11,7 @@ import shutil
 import numpy as np
 import pytest
 
-from helpers import NEEDS_BROWSER, SCREENS, SERVE_MODEL, open_playground, Served, one_line_refusal, request, train_tiny_run, write_mixed_text
+from helpers import NEEDS_BROWSER, SCREENS, SERVE_MODEL, open_playground, press, Served, one_line_refusal, request, train_tiny_run, write_mixed_text
 
 LONG = "ROMEO: my lord, the moon is bright. The king speaks"[:47]  # 47 tokens for a char tokenizer
 
@@ -129,7 +129,7 @@ def _open_map(page, layer: int, head: int) -> None:
     """Open one head's big map as the screen's reader would: a tap, or Tab to it and Enter."""
     opener = f"#att-maps figure[data-layer='{layer}'][data-head='{head}'] .attmap-open"
     if page.screen == "phone":
-        page.tap(opener)
+        press(page, opener, True, then=None)
     else:
         page.focus("#att-text")
         for _ in range(50):  # Tab, as a keyboard would, until the map's button has the focus
@@ -285,8 +285,7 @@ def test_a_chip_tapped_or_clicked_chooses_the_row(screen, folder):
     data = _attention(screen, LONG[:8])
     want = reference(folder / "long", encode(folder / "long", LONG[:8]))
     chip = "#att-tokens .att-label[data-index='5']"
-    screen.tap(chip) if screen.screen == "phone" else screen.click(chip)
-    screen.wait_for_selector("#att-row section.att-head")
+    press(screen, chip, screen.screen == "phone", then="#att-row section.att-head")
     for r in _row_lists(screen):
         np.testing.assert_allclose([w for _, w in r["all"]], want[r["layer"], r["head"], 5, :6], atol=1e-5)
     assert screen.eval_on_selector_all("#att-tokens .att-label", "cs => cs.filter(c => c.tabIndex === 0).length") == 1

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, POEM, TINY_MODEL, Served, active_streams, cli_generate, wait_until
+from helpers import (CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, POEM, TINY_MODEL, Served, active_streams, cli_generate,
+                     wait_generated, wait_until)
 
 pytestmark = NEEDS_BROWSER
 PICTURES = Path(__file__).resolve().parents[1] / ".test-pictures"
@@ -71,7 +72,7 @@ def _generate(page, prompt: str, max_new_tokens: int, **controls) -> dict:
         else:
             page.fill(f"#{name}", str(value))
     page.click("#go")
-    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    wait_generated(page)
     return page.eval_on_selector("#status", "s => ({...s.dataset})")
 
 
@@ -332,7 +333,7 @@ def test_an_empty_runs_folder_says_what_to_do_and_a_new_run_appears(browser, run
         page.fill("#max_new_tokens", "20")
         page.set_checked("#greedy", True)
         page.click("#go")
-        page.wait_for_selector("#status[data-state=done]", timeout=60_000)
+        wait_generated(page)
         shown = page.eval_on_selector_all("#output .tok", "spans => spans.map(s => s.textContent).join('')")
         context.close()
     assert shown == cli_generate(folder / "fresh", "ROMEO:", "--greedy", "--max-new-tokens", "20")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import NEEDS_BROWSER, SCREENS, open_playground
+from helpers import NEEDS_BROWSER, SCREENS, WAIT_MS, open_playground, press, wait_generated
 
 pytestmark = NEEDS_BROWSER
 
@@ -46,18 +46,13 @@ def generate(page, prompt: str, **settings):
         else:
             page.fill(f"#{name}", str(value))
     page.click("#go")
-    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    wait_generated(page)
 
 
 def pin(page, index: int):
     """Open the popup of token `index` and pin it: a click on a desktop, a tap on a phone."""
-    selector = f"#output .tok[data-index='{index}']"
-    page.locator(selector).scroll_into_view_if_needed()
-    if page.screen == "phone":
-        page.tap(selector)
-    else:
-        page.click(selector)
-    page.wait_for_selector(f"#alts[data-index='{index}'][data-pinned]", state="visible")
+    press(page, f"#output .tok[data-index='{index}']", page.screen == "phone",
+          then=f"#alts[data-index='{index}'][data-pinned]:visible")
 
 
 def tokens(page) -> list[dict]:
@@ -94,12 +89,9 @@ def test_take_this_token_instead_continues_from_the_chosen_token(page):
     assert chosen != before[index]["id"]
     text_before = page.eval_on_selector("#output", "o => [...o.querySelectorAll('.tok')].slice(0, %d)"
                                                    ".map(t => t.textContent).join('')" % index)
-    if page.screen == "phone":
-        button.tap()
-    else:
-        button.click()
-    page.wait_for_function("playground.tokens.length > 0 && playground.tokens[0].forced === true")
-    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    press(page, "#alts button.take", page.screen == "phone", then=None)
+    page.wait_for_function("playground.tokens.length > 0 && playground.tokens[0].forced === true", timeout=WAIT_MS)
+    wait_generated(page)
     after = tokens(page)
     assert [t["id"] for t in after[:index]] == [t["id"] for t in before[:index]]  # the text up to it
     assert after[index]["id"] == chosen  # the chosen token next
@@ -128,7 +120,7 @@ def test_the_keyboard_goes_into_the_popup_takes_a_token_and_escape_comes_back(de
     assert focused is not False
     page.keyboard.press("Enter")
     page.wait_for_function("playground.tokens.length > 1 && playground.tokens[1].forced === true")
-    page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    wait_generated(page)
     assert page.evaluate("playground.tokens[1].id") == focused
 
 
@@ -148,9 +140,7 @@ def test_attention_at_this_step_shows_the_row_the_token_was_chosen_from(page):
     index = min(5, page.evaluate("playground.tokens.length") - 1)
     expected = page.evaluate(f"playground.tokens.slice(0, {index}).map(t => t.id)")
     pin(page, index)
-    button = page.locator("#alts button.attention-at")
-    (button.tap if page.screen == "phone" else button.click)()
-    page.wait_for_selector("#att-row:not([hidden])", timeout=60_000)
+    press(page, "#alts button.attention-at", page.screen == "phone", then="#att-row:not([hidden])")
     assert page.evaluate("location.hash") == "#attention"
     sent = page.evaluate("playground.attention.ids")
     prompt_ids = sent[: len(sent) - index]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, SCREENS, Served, wait_until
+from helpers import CHROMIUM, CHROMIUM_ARGS, NEEDS_BROWSER, SCREENS, WAIT_MS, Served, press, wait_generated, wait_until
 
 pytestmark = NEEDS_BROWSER
 CROPPED = pytest.mark.filterwarnings("ignore:the prompt has:UserWarning")
@@ -83,7 +83,7 @@ def _generate(page, prompt: str, n: int, wait: bool = True, **settings):
         page.click("#settings > summary")
     page.click("#go")
     if wait:
-        page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+        wait_generated(page)
 
 
 def test_the_picker_marks_a_run_without_a_checkpoint_and_opens_on_one_that_can_generate(screen):
@@ -106,8 +106,8 @@ def test_on_every_screen_the_stream_is_followed_where_the_eye_is(screen):
     screen.wait_for_selector("#output .tok", state="attached", timeout=60_000)
     inside = """() => { const t = [...document.querySelectorAll('#output .tok')].pop().getBoundingClientRect();
                         return t.bottom > 0 && t.top < window.innerHeight; }"""
-    screen.wait_for_function(inside, timeout=3_000)  # within a few seconds of the first token
-    screen.wait_for_selector("#status[data-state=done]", timeout=120_000)
+    screen.wait_for_function(inside, timeout=WAIT_MS)  # while it streams: before the done line is waited for
+    wait_generated(screen)
     assert screen.evaluate(inside) and screen.evaluate("window.scrollY") > 0
 
 
@@ -121,7 +121,7 @@ def test_scrolling_away_stops_the_following(browser, served_screens):
         page.mouse.move(600, 400)
         page.mouse.wheel(0, -5000)  # the reader goes back up to the prompt
         page.wait_for_function("window.scrollY === 0")
-        page.wait_for_selector("#status[data-state=done]", timeout=120_000)
+        wait_generated(page)
         assert page.evaluate("window.scrollY") == 0  # and stays there
     finally:
         context.close()
@@ -293,9 +293,9 @@ def test_axe_finds_nothing_serious_on_any_tab(screen):
     _generate(screen, "ROMEO:", 30, greedy=True)
     if screen.screen == "desktop":
         screen.hover("#output .tok[data-index='3']")
+        screen.wait_for_selector("#alts", state="visible")
     else:
-        screen.tap("#output .tok[data-index='3']")
-    screen.wait_for_selector("#alts", state="visible")
+        press(screen, "#output .tok[data-index='3']", touch=True, then="#alts[data-index='3'][data-pinned]:visible")
     found = {}
     for tab, ready in [("generate", "#alts"), ("attention", "#att-maps figure.attmap"),
                        ("inside", "#walk-stations button.station"), ("training", "#tab-training:not([hidden])")]:
@@ -328,7 +328,7 @@ def test_chinese_text_with_no_font_to_draw_it_brings_a_hint(browser, served_scre
         page.wait_for_function("window.playground && window.playground.ready === true")
         assert not page.is_visible("#font-hint")
         page.locator("#prompt").press_sequentially("床前明月光")
-        page.wait_for_selector("#font-hint", state="visible", timeout=5_000)
+        page.wait_for_selector("#font-hint", state="visible", timeout=WAIT_MS)
         assert "fonts-noto-cjk" in page.inner_text("#font-hint")
     finally:
         bare.close()
