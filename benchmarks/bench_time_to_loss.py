@@ -107,6 +107,7 @@ def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]
 
     from benchmarks import peer_classic
     from scratchlm.training.distributed import Dist
+    from scratchlm.kernels.training_copy import attach_training_kernels
     from scratchlm.model.gpt import GPT
     from scratchlm.training.optim import make_optimizer
     from scratchlm.training.train import TrainParts, config_from_preset, train_step
@@ -115,6 +116,7 @@ def step_speed(data: Path, rounds: int = 5, steps: int = 30) -> dict[str, float]
     cfg = config_from_preset("shakespeare-char", fused_loss=True)
     torch.manual_seed(0)
     model = GPT(cfg.model_config(vocab + 2)).train()  # scratchlm's char vocabulary adds BOS and EOS
+    attach_training_kernels(model)  # as a CPU run's training does (scratchlm.training.parts)
     optimizer = make_optimizer(model, cfg, torch.device("cpu"))
     scaler = torch.amp.GradScaler("cuda", enabled=False)
     gen = torch.Generator().manual_seed(0)

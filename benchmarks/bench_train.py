@@ -76,8 +76,11 @@ TARGETS = (
 
 
 def our_model(**overrides: Any) -> GPT:
+    """The smoke model as a CPU run trains it: the training copy attached (scratchlm.training.parts)."""
+    from scratchlm.kernels.training_copy import attach_training_kernels
+
     torch.manual_seed(0)
-    return GPT(GPTConfig.from_name("smoke", **overrides)).train()
+    return attach_training_kernels(GPT(GPTConfig.from_name("smoke", **overrides)).train())
 
 
 def hf_model(vocab: int = 50304, n_layer: int = 2, n_head: int = 4, n_embd: int = 128, n_positions: int = 256):

@@ -18,6 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from scratchlm.cli.main import main
 from scratchlm.inside import attention_maps as amaps
+from scratchlm.kernels.training_copy import attach_training_kernels
 from scratchlm.inside import introspect as ins
 from scratchlm.inside import walkthrough as walk
 from scratchlm.model.config import GPTConfig
@@ -196,13 +197,14 @@ def test_activation_estimate_matches_what_autograd_saves(overrides, attention):
 @pytest.mark.parametrize("overrides", [dict(pos_embedding="rope", activation="gelu"),
                                        dict(pos_embedding="learned", activation="relu", norm="rmsnorm")])
 def test_activation_estimate_of_the_compiled_path_matches_what_autograd_saves(overrides):
-    """Heads of 16: the default path runs the compiled attention (and GELU), which keep other
-    tensors than PyTorch's operations (scratchlm.kernels.train_ops); exact again."""
-    model = _model(n_embd=32, **overrides)
+    """Heads of 16: the training copy (what a CPU run trains) runs the compiled attention (and
+    GELU), which keep other tensors than PyTorch's operations (scratchlm.kernels.train_ops); exact
+    again."""
+    model = attach_training_kernels(_model(n_embd=32, **overrides))
     measured, _, _ = _saved_bytes(model, B_MEM, T_MEM)
     est = ins.memory_estimate(model.config, B_MEM, T_MEM, "fp32", attention="compiled")
     assert est.activations == measured
-    model.set_attention_impl("sdpa")  # and the same model on PyTorch's SDPA keeps what "sdpa" lists
+    model = _model(n_embd=32, **overrides)  # and the model alone, on PyTorch's SDPA, keeps what "sdpa" lists
     measured, _, _ = _saved_bytes(model, B_MEM, T_MEM)
     assert ins.memory_estimate(model.config, B_MEM, T_MEM, "fp32", attention="sdpa").activations == measured
 

@@ -13,6 +13,7 @@ import torch.nn.functional as F
 
 from scratchlm import kernels
 from scratchlm.kernels import train_ops
+from scratchlm.kernels.training_copy import attach_training_kernels
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT, KVCache, rope_tables
 
@@ -242,7 +243,7 @@ def test_a_training_step_takes_the_compiled_path_and_matches_pytorchs(monkeypatc
     """The same model and batch with the compiled kernels and without them (cpu_kernels() None,
     as with SCRATCHLM_NO_KERNELS=1): one loss, one set of gradients, to float32 rounding."""
     torch.manual_seed(0)
-    model = GPT(_baby(pos_embedding=pos)).train()
+    model = attach_training_kernels(GPT(_baby(pos_embedding=pos)).train())
     ids = torch.randint(0, 29, (3, 25), generator=torch.Generator().manual_seed(1))
     spy = _Spy(monkeypatch)
     loss, grads = _loss_and_grads(model, ids)
@@ -260,19 +261,18 @@ def test_the_model_steps_aside_where_the_kernels_do_not_apply(monkeypatch):
     spy = _Spy(monkeypatch)
     ids = torch.randint(0, 29, (2, 12), generator=torch.Generator().manual_seed(2))
     torch.manual_seed(0)
-    model = GPT(_baby(dropout=0.1)).train()
+    model = attach_training_kernels(GPT(_baby(dropout=0.1)).train())
     model(ids)  # attention dropout: PyTorch's SDPA
     assert spy.attention == 0 and spy.gelu == 2
     model.eval()
     with torch.no_grad():
         model(ids)  # no dropout in eval: the compiled attention; GELU without a backward: F.gelu
     assert spy.attention == 2 and spy.gelu == 2
-    for impl in ("explicit", "sdpa"):  # asked for by name: PyTorch's operations
-        model.set_attention_impl(impl)
-        with torch.no_grad():
-            model(ids)
-        assert spy.attention == 2, impl
-    model.set_attention_impl("auto")
+    model.set_attention_impl("explicit")  # the textbook lines asked for by name: PyTorch's operations
+    with torch.no_grad():
+        model(ids)
+    assert spy.attention == 2
+    model.set_attention_impl("sdpa")
     weights: list = []
     with torch.no_grad():
         model.forward_hidden(ids, attn_weights=weights)  # the weights are asked for: the explicit path
@@ -290,9 +290,9 @@ def test_the_model_steps_aside_where_the_kernels_do_not_apply(monkeypatch):
 @needs_kernel
 def test_activation_checkpointing_recomputes_through_the_kernels(monkeypatch):
     torch.manual_seed(0)
-    plain = GPT(_baby()).train()
+    plain = attach_training_kernels(GPT(_baby()).train())
     torch.manual_seed(0)
-    checkpointed = GPT(_baby()).train()
+    checkpointed = attach_training_kernels(GPT(_baby()).train())
     checkpointed.gradient_checkpointing = True
     ids = torch.randint(0, 29, (2, 25), generator=torch.Generator().manual_seed(3))
     spy = _Spy(monkeypatch)
@@ -302,3 +302,40 @@ def test_activation_checkpointing_recomputes_through_the_kernels(monkeypatch):
     assert loss == loss_c
     for name, grad in grads.items():
         assert torch.equal(grad, grads_c[name]), name
+
+
+@needs_kernel
+def test_the_textbook_model_alone_runs_pytorchs_operations_only(monkeypatch):
+    """scratchlm.model.gpt knows no fast path: a GPT nobody attached the training copy to trains
+    on PyTorch's operations, and its loss and gradients are the training copy's to rounding."""
+    spy = _Spy(monkeypatch)
+    ids = torch.randint(0, 29, (3, 25), generator=torch.Generator().manual_seed(4))
+    torch.manual_seed(0)
+    plain = GPT(_baby()).train()
+    loss, grads = _loss_and_grads(plain, ids)
+    assert (spy.attention, spy.gelu) == (0, 0)
+    fast = attach_training_kernels(GPT(_baby()).train())
+    fast.load_state_dict(plain.state_dict())
+    assert list(fast.state_dict()) == list(plain.state_dict())  # the same names: one checkpoint format
+    fast_loss, fast_grads = _loss_and_grads(fast, ids)
+    assert (spy.attention, spy.gelu) == (2, 2)
+    assert abs(loss - fast_loss) < 1e-5
+    for name, grad in grads.items():
+        torch.testing.assert_close(fast_grads[name], grad, atol=2e-5, rtol=1e-4, msg=name)
+    assert attach_training_kernels(fast) is fast and type(fast.transformer.h[0].attn.c_attn) is torch.nn.Linear
+
+
+@needs_kernel
+def test_a_cpu_run_trains_on_the_training_copy(monkeypatch, tmp_path):
+    """scratchlm.training.parts attaches the training copy to the model a CPU run trains, and the
+    checkpoint it writes loads into the model alone (the same parameter names)."""
+    from helpers import train_tiny_run
+    from scratchlm.training import checkpoint as ckpt_io
+
+    spy = _Spy(monkeypatch)
+    out = train_tiny_run(tmp_path, tmp_path / "run", model_overrides=dict(n_layer=1, n_head=1, n_embd=16,
+                                                                          block_size=16, dropout=0.0,
+                                                                          activation="gelu"))
+    assert spy.attention >= 4 and spy.gelu >= 4  # one layer, four steps at least
+    model, _, _ = ckpt_io.load_model(out)
+    assert type(model.transformer.h[0].attn).__name__ == "CausalSelfAttention"

@@ -172,8 +172,9 @@ def saved_activations(cfg: GPTConfig, batch_size: int, seq_len: int, attention: 
     tensor once however many ops keep it (e.g. q, k and v are views of one c_attn output). The
     list follows PyTorch's kernels on the CPU; the tests compare it with what autograd really
     saves. Dropout masks (dropout > 0) are not included. attention: "sdpa", "explicit", or
-    "compiled" for the model's default "auto" path where scratchlm.kernels.train_ops applies
-    (float32 on a CPU): its attention, with its GELU (which keeps as many numbers as PyTorch's).
+    "compiled" for the training copy (scratchlm.kernels.training_copy, attached by a CPU run's
+    training) where scratchlm.kernels.train_ops applies (float32 on a CPU): its attention, with
+    its GELU (which keeps as many numbers as PyTorch's).
     """
     B, T, C, H, N, V = batch_size, seq_len, cfg.n_embd, cfg.n_head, cfg.n_layer, cfg.vocab_size
     BT, hidden = B * T, cfg.mlp_hidden

@@ -24,7 +24,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from scratchlm.kernels import train_ops
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.fused_loss import linear_cross_entropy
 
@@ -113,10 +112,9 @@ class CausalSelfAttention(nn.Module):
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
         self.dropout = config.dropout
-        # "auto": compiled code where it applies (float32 on a CPU, scratchlm.kernels.train_ops),
-        #   else "sdpa". "sdpa": PyTorch's fused kernel (FlashAttention class where the device has
-        #   one). "explicit": the textbook computation, which can hand back the attention weights.
-        self.impl = "auto"
+        # "sdpa": PyTorch's fused kernel (FlashAttention class where the device has one).
+        # "explicit": the textbook computation, which can hand back the attention weights.
+        self.impl = "sdpa"
 
     def forward(
         self,
@@ -136,11 +134,6 @@ class CausalSelfAttention(nn.Module):
         B, T, C = x.shape
         qkv = self.c_attn(x)  # (B, T, 3C)
         dropout_p = self.dropout if self.training else 0.0
-        if self.impl == "auto" and weights_out is None and kv_cache is None and allowed is None and not dropout_p:
-            # float32 on a CPU: everything down to c_proj in one compiled call each way (None elsewhere)
-            y = train_ops.attention(qkv, rope, self.n_head)
-            if y is not None:
-                return self.resid_dropout(self.c_proj(y))
         q, k, v = qkv.split(self.n_embd, dim=2)  # (B, T, C) each
         q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
         k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
@@ -155,7 +148,7 @@ class CausalSelfAttention(nn.Module):
         if allowed is None and T != T_keys and T > 1:
             raise ValueError("a multi-position forward after cached positions needs an explicit mask")
 
-        if self.impl in ("auto", "sdpa") and weights_out is None:
+        if self.impl == "sdpa" and weights_out is None:
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=causal)
         else:
             att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.shape[-1]))  # (B, H, T, T_keys) scores
@@ -191,9 +184,7 @@ class MLP(nn.Module):
         if self.activation == "relu":
             h = F.relu(h)
         elif self.activation == "gelu":
-            # training in float32 on a CPU: compiled, keeping its derivative for the backward
-            fused = train_ops.gelu(h) if h.requires_grad else None
-            h = F.gelu(h) if fused is None else fused
+            h = F.gelu(h)  # x * Phi(x), Phi the standard normal's CDF (erf, exact)
         elif self.activation == "gelu_tanh":
             h = F.gelu(h, approximate="tanh")
         else:  # swiglu
@@ -308,10 +299,10 @@ class GPT(nn.Module):
                     nn.init.zeros_(module.bias)
 
     def set_attention_impl(self, impl: str) -> None:
-        """Choose the attention path for every block: `auto` (the default: compiled where it
-        applies, else `sdpa`), `sdpa` (PyTorch's fused kernel) or `explicit` (teaching)."""
-        if impl not in ("auto", "sdpa", "explicit"):
-            raise ValueError(f"attention impl must be 'auto', 'sdpa' or 'explicit', got {impl!r}")
+        """Choose the attention path for every block: `sdpa` (the default: PyTorch's fused kernel)
+        or `explicit` (the scores and weights computed line by line, which can be handed back)."""
+        if impl not in ("sdpa", "explicit"):
+            raise ValueError(f"attention impl must be 'sdpa' or 'explicit', got {impl!r}")
         for block in self.transformer.h:
             block.attn.impl = impl
 

@@ -13,6 +13,7 @@ import numpy as np
 import torch
 
 from scratchlm.errors import UserError
+from scratchlm.kernels.training_copy import attach_training_kernels
 from scratchlm.machine.memory import check_model_fits
 from scratchlm.model.gpt import GPT
 from scratchlm.training import checkpoint as ckpt_io
@@ -39,7 +40,8 @@ class TrainParts:
 
 def build_model(setup: RunSetup) -> GPT:
     """The run's GPT on its device, in training mode: new, the source's weights, or the
-    checkpoint's. Seeded first, so a new model is the same for a seed."""
+    checkpoint's, with the compiled training attention and GELU attached on a CPU
+    (scratchlm.kernels.training_copy). Seeded first, so a new model is the same for a seed."""
     cfg, d = setup.cfg, setup.d
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
@@ -56,6 +58,8 @@ def build_model(setup: RunSetup) -> GPT:
         torch.manual_seed(cfg.seed + d.rank)
     model.to(setup.device).train()
     model.gradient_checkpointing = cfg.activation_checkpointing
+    if setup.device.type == "cpu":  # float32's compiled attention and GELU (each steps aside where it does not apply)
+        attach_training_kernels(model)
     return model
 
 
