@@ -63,7 +63,7 @@ import torch.nn as nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # `python benchmarks/bench_decode.py`
 
 from benchmarks.bench_generate import NEW_TOKENS, PROMPT_LEN, build  # noqa: E402
-from scratchlm.generation.decoding import Decoder  # noqa: E402
+from scratchlm.kernels.decoding_copy import Decoder  # noqa: E402
 from scratchlm.generation.engine import Engine  # noqa: E402
 from scratchlm.generation.settings import GenerationSettings  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402

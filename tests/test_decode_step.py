@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scratchlm import kernels
-from scratchlm.generation.decoding import Decoder, decoding_model, decoder_for
+from scratchlm.kernels.decoding_copy import Decoder, decoding_model, decoder_for
 from scratchlm.generation.generate import generate_ids
 from scratchlm.kernels.decode_step import FusedDecodeStep, unsupported
 from scratchlm.model.config import GPTConfig

@@ -1,4 +1,4 @@
-"""The decoding copy (scratchlm.generation.decoding: decoding_model, Decoder) and bfloat16 decoding.
+"""The decoding copy (scratchlm.kernels.decoding_copy: decoding_model, Decoder) and bfloat16 decoding.
 
 The copy must compute what the model computes: in float32 to rounding, in bfloat16 what the
 model computes with its Linear weights (and their inputs) rounded to bfloat16. References are
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from scratchlm.errors import ConfigError
-from scratchlm.generation.decoding import DecodingLinear, decoder_for, decoding_model
+from scratchlm.kernels.decoding_copy import DecodingLinear, decoder_for, decoding_model
 from scratchlm.generation.generate import generate, generate_ids, iter_tokens
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
@@ -67,13 +67,13 @@ def test_float32_copy_computes_the_models_logits(variant, layout, rows):
 
 
 def _bf16_layouts() -> list:
-    from scratchlm.generation.decoding import _mkldnn_packing_available
+    from scratchlm.kernels.decoding_copy import mkldnn_packing_available
     from scratchlm.kernels import cpu_kernels, kernel_status
 
     return [
         None,  # the default
         pytest.param("kernel", marks=pytest.mark.skipif(cpu_kernels() is None, reason=kernel_status())),
-        pytest.param("packed", marks=pytest.mark.skipif(not _mkldnn_packing_available(), reason="no oneDNN packing")),
+        pytest.param("packed", marks=pytest.mark.skipif(not mkldnn_packing_available(), reason="no oneDNN packing")),
         "in_out",
     ]
 
@@ -171,7 +171,7 @@ def test_one_decoder_per_model_and_dtype_is_kept_until_the_weights_change():
     """decoder_for hands back the same Decoder (copy and compiled step) while the weights stay as
     they were, a new one after an in-place change; a Decoder given to the loops is used as it is,
     with the tokens of the model it was built from."""
-    from scratchlm.generation.decoding import Decoder, decoder_for
+    from scratchlm.kernels.decoding_copy import Decoder, decoder_for
 
     model = _model(seed=6)
     first = decoder_for(model, 12, torch.bfloat16)
@@ -231,7 +231,7 @@ def test_generate_text_in_bfloat16_and_on_the_command_line(tmp_path, capsys):
 def test_float32_copy_decodes_step_by_step_like_the_model(variant):
     """Cached steps of the decoding copy (its compiled attention where it builds; the model's own
     code for RoPE) against the model's own forward over the whole sequence, at every step."""
-    from scratchlm.generation.decoding import DecodingAttention
+    from scratchlm.kernels.decoding_copy import DecodingAttention
     from scratchlm.kernels import cpu_kernels
     from scratchlm.model.gpt import KVCache
 
@@ -253,7 +253,7 @@ def test_auto_dtype_decodes_in_bfloat16_where_this_cpu_reads_it_fast(monkeypatch
     """dtype="auto": bfloat16 with a vectorised kernel loop or native bfloat16 matmuls, float32
     with only the portable loop on a CPU without bfloat16 units (there bfloat16 is slower)."""
     from scratchlm import kernels
-    from scratchlm.generation.decoding import _as_dtype, auto_decoding_dtype
+    from scratchlm.kernels.decoding_copy import _as_dtype, auto_decoding_dtype
 
     model = _model()
     monkeypatch.setenv("SCRATCHLM_CPU_BF16", "0")

@@ -1,7 +1,7 @@
 """The settings record (scratchlm.generation.settings.GenerationSettings: checked once when made,
 one object or its fields as keywords) and the Engine (scratchlm.generation.engine: one model,
 tokenizer, dtype and cache choice, reused across generations with different settings), and the
-decoding copy's attention built by its own constructor (scratchlm.generation.decoding)."""
+decoding copy's attention built by its own constructor (scratchlm.kernels.decoding_copy)."""
 
 from __future__ import annotations
 
@@ -91,7 +91,7 @@ def test_the_decoding_attention_takes_over_every_attribute_of_the_models():
     """DecodingAttention is made by its own constructor (not __new__ and a __dict__ copy): it must
     still hold every submodule and setting the model's attention has, the very same objects, so
     that an attribute added to CausalSelfAttention later cannot be left behind unnoticed."""
-    from scratchlm.generation.decoding import DecodingAttention
+    from scratchlm.kernels.decoding_copy import DecodingAttention
     from scratchlm.model.gpt import CausalSelfAttention
 
     attn = letters_model().transformer.h[0].attn

@@ -141,7 +141,7 @@ def _environment(**env: str) -> dict[str, str]:
 
 def _status_in_subprocess(env: dict[str, str], tmp_path: Path) -> str:
     code = ("from scratchlm import kernels\n"
-            "from scratchlm.generation import decoding\n"
+            "from scratchlm.kernels import decoding_copy as decoding\n"
             "import torch\n"
             "print(kernels.kernel_status())\n"
             "print(decoding._default_layout(torch.bfloat16))\n")

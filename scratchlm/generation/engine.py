@@ -5,7 +5,7 @@
 
 An Engine holds what stays the same from one generation to the next: the model, its tokenizer
 (whose end-of-text id ends a continuation and whose vocabulary bounds the ids chosen), the dtype
-it decodes in, whether it keeps a KV cache, and (through scratchlm.generation.decoding) the
+it decodes in, whether it keeps a KV cache, and (through scratchlm.kernels.decoding_copy) the
 decoding copy of the model. What one generation asks for comes with each call, as one
 GenerationSettings (scratchlm.generation.settings).
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.generation.beam import Stopped, best_first, extend_beams, one_prompt
-from scratchlm.generation.decoding import Decoder, decoder_for
+from scratchlm.kernels.decoding_copy import Decoder, decoder_for
 from scratchlm.generation.sampling import choose_next, make_generator
 from scratchlm.generation.settings import GenerationSettings
 from scratchlm.generation.text_rows import (GenerationResult, IncrementalText, TextRow, TokenSteps, encode_prompt,
@@ -55,7 +55,7 @@ Rows = Iterator[tuple[list[TextRow], torch.Tensor | None, torch.Tensor | None]]
 class Engine:
     """A model ready to generate (see the module docstring).
 
-    model: a GPT, or a Decoder (scratchlm.generation.decoding), used as it is. tokenizer: needed
+    model: a GPT, or a Decoder (scratchlm.kernels.decoding_copy), used as it is. tokenizer: needed
     for text in and out; its eos_id and vocab_size are the defaults of `eos_id` (a continuation
     ends there) and `vocab` (only ids below it are chosen: a tokenizer smaller than the model's
     padded vocabulary has no text for the rest). dtype (e.g. "bfloat16", "auto") decodes with a

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 import torch
 
 from scratchlm.generation.beam import Stopped
-from scratchlm.generation.decoding import Decoder
+from scratchlm.kernels.decoding_copy import Decoder
 from scratchlm.generation.engine import Engine
 from scratchlm.generation.sampling import SamplingOptions
 from scratchlm.generation.settings import GenerationSettings

@@ -118,12 +118,12 @@ def _char_vocab(tokenizer: Any) -> GGUFVocab:
 def _byte_level_vocab(tokenizer: Any) -> GGUFVocab:
     from tokenizers import Tokenizer
 
-    from scratchlm.hf.interop import _gpt2_tokenizer_from_ranks
+    from scratchlm.hf.interop import gpt2_tokenizer_from_ranks
 
     with tempfile.TemporaryDirectory() as saved:
         tokenizer.save(saved)  # the tokenizer's own public format
         if tokenizer.kind == "gpt2":
-            hf_tok, _, merge_pairs = _gpt2_tokenizer_from_ranks(Path(saved) / "gpt2.tiktoken")
+            hf_tok, _, merge_pairs = gpt2_tokenizer_from_ranks(Path(saved) / "gpt2.tiktoken")
         else:
             hf_tok = Tokenizer.from_file(str(Path(saved) / "tokenizer.json"))
             merge_pairs = _bpe_merges(json.loads(hf_tok.to_str()), tokenizer.cut_rule == "gpt2")

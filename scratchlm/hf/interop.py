@@ -511,7 +511,7 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
 
             hf_tok = Tokenizer.from_file(str(saved / "tokenizer.json"))
         elif kind == "gpt2":
-            hf_tok, vocab, merges = _gpt2_tokenizer_from_ranks(saved / "gpt2.tiktoken")
+            hf_tok, vocab, merges = gpt2_tokenizer_from_ranks(saved / "gpt2.tiktoken")
             (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
             merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
             (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
@@ -541,7 +541,7 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
     return True
 
 
-def _gpt2_tokenizer_from_ranks(rank_file: Path):
+def gpt2_tokenizer_from_ranks(rank_file: Path):
     """GPT-2's vocab.json and merges from tiktoken's rank file, and the `tokenizers` BPE built on them.
 
     tiktoken stores only (token bytes, rank); a BPE vocabulary also needs the merge that made each

@@ -9,7 +9,7 @@ weights from memory. bfloat16 weights halve that, but the library paths read the
 the memory's streaming rate for a single row. `gemv_bf16.c` reads each weight row once, in order.
 What is left of a step is small operations: attention, norms, activations, residual adds and the
 calls between them. `attend_one.c` does a layer's attention in one call
-(scratchlm.generation.decoding.DecodingAttention), and `decode_step.c` the whole step
+(scratchlm.kernels.decoding_copy.DecodingAttention), and `decode_step.c` the whole step
 (scratchlm.kernels.decode_step), so that a step is little more than the reading of its weights.
 How much each saved: benchmarks/measurements.md; the rates today: benchmarks/bench_decode.py.
 

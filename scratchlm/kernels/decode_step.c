@@ -25,7 +25,7 @@
  * come from branch-free approximations (relative error about 1e-7; exp_vec in attention.h,
  * erf_vec below), so that softmax and the activations vectorise. One position's attention is
  * attention.h's attend_position, shared with attend_one.c. scratchlm/kernels/decode_step.py fills the structs from a decoding
- * copy of the model (scratchlm.generation.decoding.decoding_model), and allocates the step's
+ * copy of the model (scratchlm.kernels.decoding_copy.decoding_model), and allocates the step's
  * scratch memory once for that copy (Scratch below): a step allocates nothing.
  */
 #include <math.h>

@@ -1,6 +1,6 @@
 """A whole decoding step in one call to the compiled library (decode_step.c), for the decoding
 copy of a pre-norm GPT with its weights in the kernel layout, bfloat16 or float32
-(scratchlm.generation.decoding.decoding_model).
+(scratchlm.kernels.decoding_copy.decoding_model).
 
 `FusedDecodeStep.build(model, kernels)` reads the model's tensors once and describes them to the
 C code in ctypes structs that mirror decode_step.c's; it returns None, with the reason in
@@ -55,7 +55,7 @@ class StepModel(ctypes.Structure):
 class KernelLinear(nn.Module):
     """What this step reads a Linear layer as: `weight` (out, in), `bias_f32` (or None),
     `in_features`, `out_features`, and `layout`, "kernel" when the weights are laid out for the
-    compiled kernels. scratchlm.generation.decoding.DecodingLinear is one (that module imports
+    compiled kernels. scratchlm.kernels.decoding_copy.DecodingLinear is one (that module imports
     this one, so the type is declared here, below it)."""
 
 

@@ -77,7 +77,7 @@ def facts(measure: bool = True) -> dict[str, Any]:
     """Everything `scratchlm doctor` prints, as a dict (JSON-ready). measure=False skips the
     timed probes (about 3 s)."""
     from scratchlm import kernels
-    from scratchlm.generation.decoding import _mkldnn_packing_available, auto_decoding_dtype
+    from scratchlm.kernels.decoding_copy import auto_decoding_dtype, mkldnn_packing_available
     from scratchlm.training.optim import newton_schulz_dtype
 
     native, why = cpu.bf16_reason()
@@ -92,7 +92,7 @@ def facts(measure: bool = True) -> dict[str, Any]:
         "kernel_variant": kernels.selected_variant(), "kernel_status": kernels.kernel_status(),
         "kernel_loop": loaded.loop if loaded else None, "kernel_flags": loaded.flags if loaded else None,
         "kernel_variants_runnable": kernels.runnable_variants(),
-        "onednn_bf16_packing": _mkldnn_packing_available(),
+        "onednn_bf16_packing": mkldnn_packing_available(),
         "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "compiler": _compiler_line(), "cjk_font": _cjk_font(),

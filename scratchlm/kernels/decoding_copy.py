@@ -9,7 +9,9 @@ steps can go in one call. A `Decoder` holds the two together: the model a step r
 itself or its copy) and the copy's compiled step; `decoder_for` builds one per model and dtype
 and keeps it while the model's weights stay as they were.
 
-Imports run one way: scratchlm.generation.engine -> here -> scratchlm.kernels.
+Imports run one way: scratchlm.generation.engine -> here -> the compiled kernels (scratchlm.kernels,
+scratchlm.kernels.decode_step) and the model (scratchlm.model.gpt); the training copy beside it is
+scratchlm.kernels.training_copy.
 """
 
 from __future__ import annotations
@@ -33,11 +35,11 @@ def _default_layout(dtype: torch.dtype) -> str:
         return "kernel"
     if dtype != torch.bfloat16:
         return "in_out"
-    return "packed" if _mkldnn_packing_available() else "in_out"
+    return "packed" if mkldnn_packing_available() else "in_out"
 
 
 @functools.lru_cache(maxsize=1)
-def _mkldnn_packing_available() -> bool:
+def mkldnn_packing_available() -> bool:
     """Whether oneDNN packs and multiplies bfloat16 weights here: tried once on a tiny matrix, since
     its ops exist on every x86 build but refuse CPUs without AVX-512 (or AVX-NE-CONVERT)."""
     ops = getattr(torch.ops, "mkldnn", None)
