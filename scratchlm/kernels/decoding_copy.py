@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from scratchlm.errors import ConfigError
 from scratchlm.kernels import cpu_kernels
 from scratchlm.kernels.decode_step import FusedDecodeStep, KernelLinear
+from scratchlm.kernels.training_copy import take_over_attention
 from scratchlm.model.gpt import GPT, CausalSelfAttention, KVCache
 
 
@@ -121,14 +122,8 @@ class DecodingAttention(CausalSelfAttention):
 
     def __init__(self, attn: CausalSelfAttention, kernel):
         """Takes over attn's submodules and settings (attn is the decoding copy's own, so nothing
-        is shared with the model). nn.Module's constructor, not CausalSelfAttention's: that one
-        would make new Linear layers from a config, only for them to be replaced."""
-        nn.Module.__init__(self)
-        self.n_head, self.n_embd, self.layer = attn.n_head, attn.n_embd, attn.layer
-        self.c_attn, self.c_proj = attn.c_attn, attn.c_proj
-        self.attn_dropout, self.resid_dropout = attn.attn_dropout, attn.resid_dropout
-        self.dropout, self.impl = attn.dropout, attn.impl
-        self.training = attn.training
+        is shared with the model)."""
+        take_over_attention(self, attn)
         self.kernel = kernel
 
     def forward(self, x, rope=None, allowed=None, kv_cache=None, weights_out=None) -> torch.Tensor:

@@ -21,19 +21,25 @@ from scratchlm.kernels import train_ops
 from scratchlm.model.gpt import GPT, MLP, CausalSelfAttention
 
 
+def take_over_attention(copy: CausalSelfAttention, attn: CausalSelfAttention) -> None:
+    """Give `copy` (a CausalSelfAttention subclass, built with nn.Module's constructor rather than
+    CausalSelfAttention's, which would make new Linear layers from a config only for them to be
+    replaced) attn's submodules and settings: the training and the decoding copies both start so."""
+    nn.Module.__init__(copy)
+    copy.n_head, copy.n_embd, copy.layer = attn.n_head, attn.n_embd, attn.layer
+    copy.c_attn, copy.c_proj = attn.c_attn, attn.c_proj
+    copy.attn_dropout, copy.resid_dropout = attn.attn_dropout, attn.resid_dropout
+    copy.dropout, copy.impl = attn.dropout, attn.impl
+    copy.training = attn.training
+
+
 class TrainingAttention(CausalSelfAttention):
     """CausalSelfAttention whose plain causal training forward (no mask, cache, weights or
     dropout) goes from c_attn's output to c_proj's input in one compiled call each way."""
 
     def __init__(self, attn: CausalSelfAttention):
-        """Takes over attn's submodules and settings (nn.Module's constructor, not
-        CausalSelfAttention's, which would make new Linear layers only to drop them)."""
-        nn.Module.__init__(self)
-        self.n_head, self.n_embd, self.layer = attn.n_head, attn.n_embd, attn.layer
-        self.c_attn, self.c_proj = attn.c_attn, attn.c_proj
-        self.attn_dropout, self.resid_dropout = attn.attn_dropout, attn.resid_dropout
-        self.dropout, self.impl = attn.dropout, attn.impl
-        self.training = attn.training
+        """Takes over attn's submodules and settings (the model's own: the parameters stay its)."""
+        take_over_attention(self, attn)
 
     def forward(self, x, rope=None, allowed=None, kv_cache=None, weights_out=None) -> torch.Tensor:
         plain = (self.impl != "sdpa" or weights_out is not None or kv_cache is not None or allowed is not None
