@@ -257,7 +257,8 @@ def test_the_scratch_is_allocated_once_per_copy_and_too_little_is_refused(kernel
 
 def test_models_and_calls_it_does_not_take_go_the_usual_way():
     post = Decoder.build(_model(4, norm_position="post"), "bfloat16")
-    assert unsupported(post.model) == "post-norm blocks" and post.step is None
+    assert unsupported(post.model) == "norm_position 'post' is not supported by the fused decoding step (it takes " \
+        "'pre')" and post.step is None
     assert Decoder.build(_model(4), "float32", layout="in_out").step is None  # not the kernel layout
     model = _model(4, **{**FUSED_VARIANTS["gpt2"], "block_size": 24})  # room for a prompt of 17
     decoder = Decoder.build(model, "bfloat16")

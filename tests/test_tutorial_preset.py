@@ -228,7 +228,7 @@ def test_decoding_falls_back_to_the_model_without_a_final_norm():
     through the model's own modules and gives the greedy ids of full forwards."""
     cfg = GPTConfig(vocab_size=13, block_size=12, n_layer=2, n_head=2, n_embd=8, final_norm=False)
     model = perturbed_model(cfg, torch.float32, seed=4)
-    assert unsupported(model) == "no final norm (final_norm off)"
+    assert unsupported(model) == "final_norm false is not supported by the fused decoding step (it takes true)"
     assert unsupported(GPT(cfg.replace(final_norm=True))) != unsupported(model)
     idx = torch.tensor([[3, 7]])
     got = generate_ids(model, idx, max_new_tokens=8, greedy=True, dtype="float32")  # 8 steps: the decoding copy

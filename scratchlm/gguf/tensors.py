@@ -34,8 +34,22 @@ from scratchlm.errors import UserError
 from scratchlm.hf import hf_rotary
 from scratchlm.hf.interop import position_table
 from scratchlm.model.config import GPTConfig
+from scratchlm.model.variants import BOTH, supports
 
 LLAMA_CPP_ARCH = {"gpt2": "gpt2", "gpt_neox": "gptneox", "llama": "llama"}
+# what each llama.cpp graph computes as scratchlm does (its gpt2 and gptneox graphs apply GELU's
+# tanh form whatever a file says: relu is refused there, exact gelu is close enough and noted)
+GGUF_ARCHITECTURES = {
+    "gpt2": supports("the GGUF gpt2 export", pos_embedding=("learned", "sinusoidal", "none"), norm=("layernorm",),
+                     activation=("gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
+                     qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH),
+    "gptneox": supports("the GGUF gptneox export", pos_embedding=("rope",), norm=("layernorm",),
+                        activation=("gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
+                        qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH),
+    "llama": supports("the GGUF llama export", pos_embedding=("rope",), norm=("rmsnorm",), activation=("swiglu",),
+                      norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
+                      mlp_bias=BOTH, lm_head_bias=BOTH),
+}
 
 
 def gguf_arch(config: GPTConfig) -> str:
@@ -46,6 +60,7 @@ def gguf_arch(config: GPTConfig) -> str:
         raise UserError(f"activation: 'relu' cannot run in llama.cpp: its {arch} graph applies GELU whatever the file "
                         "says, so the model would compute something else; train with --activation gelu_tanh, or in "
                         "the Llama layout (--pos_embedding rope --norm rmsnorm --activation swiglu)")
+    GGUF_ARCHITECTURES[arch].check(config)
     return arch
 
 

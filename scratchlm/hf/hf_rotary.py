@@ -31,6 +31,7 @@ import torch
 
 from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
+from scratchlm.model.variants import BOTH, supports, variant_of
 
 NEOX_ACTIVATIONS = {"gelu": "gelu", "gelu_tanh": "gelu_new", "relu": "relu"}
 NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with no final norm) has no {target} "
@@ -38,31 +39,48 @@ NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with
                  "--final_norm")
 
 
+GPT2 = supports("the Hugging Face GPT-2 export", pos_embedding=("learned", "sinusoidal", "none"), norm=("layernorm",),
+                activation=("relu", "gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
+                qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+GPT_NEOX = supports("the Hugging Face GPT-NeoX export", pos_embedding=("rope",), norm=("layernorm",),
+                    activation=("relu", "gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,),
+                    tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+LLAMA = supports("the Hugging Face Llama export", pos_embedding=("rope",), norm=("rmsnorm",), activation=("swiglu",),
+                 norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
+                 mlp_bias=BOTH, lm_head_bias=BOTH)
+ARCHITECTURES = {"gpt2": GPT2, "gpt_neox": GPT_NEOX, "llama": LLAMA}
+
+
 def architecture(config: GPTConfig, target: str = "transformers") -> str:
-    """`gpt2`, `gpt_neox` or `llama`: the transformers architecture that computes what `config`
-    computes; a UserError naming the fields (and the flags that would do) when none does, and
+    """`gpt2`, `gpt_neox` or `llama`: the transformers architecture whose allow-list (ARCHITECTURES)
+    takes `config`; a UserError naming the fields (and the flags that would do) when none does, and
     `target` (transformers, llama.cpp: the same three) as what has none."""
+    for name, supported in ARCHITECTURES.items():
+        if supported.takes(config):
+            return name
+    raise UserError(_no_architecture(config, target))
+
+
+def _no_architecture(config: GPTConfig, target: str) -> str:
+    """Why no architecture takes `config`: no final norm, post-norm blocks, a value none of them
+    lists, else the combination."""
     if not config.final_norm:
-        raise UserError(NO_FINAL_NORM.format(target=target))
+        return NO_FINAL_NORM.format(target=target)
     if config.norm_position != "pre":
-        raise UserError(f"norm_position: 'post' blocks have no {target} architecture to export to; "
-                        "train with --norm_position pre")
-    neox_mlp = config.activation in NEOX_ACTIVATIONS
+        return f"norm_position: 'post' blocks have no {target} architecture to export to; train with --norm_position pre"
+    for field, value in variant_of(config).items():
+        if all(value not in supported.values.get(field, ()) for supported in ARCHITECTURES.values()):
+            return (f"{field}: {value!r} has no {target} architecture to export to (GPT-2, GPT-NeoX and Llama take "
+                    f"{', '.join(sorted({repr(v) for s in ARCHITECTURES.values() for v in s.values.get(field, ())}))})")
     if config.pos_embedding != "rope":
-        if config.norm == "layernorm" and neox_mlp:
-            return "gpt2"
         field = "norm" if config.norm != "layernorm" else "activation"
-        raise UserError(f"{field}: {getattr(config, field)!r} with {config.pos_embedding} positions has no {target} "
-                        "architecture to export to; GPT-2 wants --norm layernorm with --activation gelu, gelu_tanh "
-                        "or relu, Llama --pos_embedding rope --norm rmsnorm --activation swiglu")
-    if config.norm == "layernorm" and neox_mlp:
-        return "gpt_neox"
-    if config.norm == "rmsnorm" and config.activation == "swiglu":
-        return "llama"
+        return (f"{field}: {getattr(config, field)!r} with {config.pos_embedding} positions has no {target} "
+                "architecture to export to; GPT-2 wants --norm layernorm with --activation gelu, gelu_tanh "
+                "or relu, Llama --pos_embedding rope --norm rmsnorm --activation swiglu")
     field = "activation" if config.norm == "rmsnorm" else "norm"
-    raise UserError(f"{field}: {getattr(config, field)!r} with rope and {config.norm} has no {target} architecture "
-                    "to export to; GPT-NeoX wants --norm layernorm with --activation gelu, gelu_tanh or relu, "
-                    "Llama --norm rmsnorm with --activation swiglu")
+    return (f"{field}: {getattr(config, field)!r} with rope and {config.norm} has no {target} architecture "
+            "to export to; GPT-NeoX wants --norm layernorm with --activation gelu, gelu_tanh or relu, "
+            "Llama --norm rmsnorm with --activation swiglu")
 
 
 def _common(config: GPTConfig, bos_id: int | None, eos_id: int | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ from typing import Any, Callable, Mapping
 import torch
 
 from scratchlm.errors import UserError, check_folder_path, read_failure
+from scratchlm.hf.hf_rotary import GPT2
 from scratchlm.machine.flops import count_params
 from scratchlm.machine.memory import check_fits, footprint
 from scratchlm.model.config import GPTConfig
@@ -374,6 +375,7 @@ def hf_config_from_gpt(config: GPTConfig, *, bos_id: int | None = None, eos_id: 
     for field, refused, why in refusals:
         if refused:
             raise UserError(f"{field}: {getattr(config, field)!r} cannot be exported as GPT-2 ({why})")
+    GPT2.check(config)  # a value none of the lines above knows
     return {
         "architectures": ["GPT2LMHeadModel"],
         "model_type": "gpt2",
@@ -411,7 +413,9 @@ def position_table(model: GPT) -> torch.Tensor:
         return model.transformer.wpe.weight.detach().to("cpu")
     if cfg.pos_embedding == "sinusoidal":
         return model.pos_table.detach().to("cpu", dtype)
-    return torch.zeros(cfg.block_size, cfg.n_embd, dtype=dtype)
+    if cfg.pos_embedding == "none":
+        return torch.zeros(cfg.block_size, cfg.n_embd, dtype=dtype)
+    raise UserError(f"pos_embedding {cfg.pos_embedding!r} has no table of position vectors to add")
 
 
 def hf_state_dict_from_gpt(model: GPT) -> dict[str, torch.Tensor]:

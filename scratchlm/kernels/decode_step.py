@@ -23,9 +23,16 @@ from typing import Iterator
 import torch
 import torch.nn as nn
 
+from scratchlm.model.variants import BOTH, supports
+
 _P = ctypes.c_void_p
 _I = ctypes.c_int64
 
+# decode_step.c: pre-norm blocks and a final norm before the head (it always normalises there)
+FUSED_STEP = supports("the fused decoding step", pos_embedding=("learned", "sinusoidal", "rope", "none"),
+                      norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
+                      norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
+                      mlp_bias=BOTH, lm_head_bias=BOTH)
 NORMS = {"layernorm": 0, "rmsnorm": 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu": 3}
 
@@ -61,13 +68,9 @@ class KernelLinear(nn.Module):
 
 def unsupported(model: nn.Module) -> str | None:
     """Why the C step cannot run `model`, or None when it can."""
-    cfg = model.config
-    if cfg.norm_position != "pre":
-        return "post-norm blocks"
-    if not cfg.final_norm:  # decode_step.c always normalises before the head
-        return "no final norm (final_norm off)"
-    if cfg.norm not in NORMS or cfg.activation not in ACTIVATIONS:
-        return f"norm {cfg.norm!r} with activation {cfg.activation!r}"
+    reason = FUSED_STEP.first_unsupported(model.config)
+    if reason is not None:
+        return reason
     linears = [m for m in model.modules() if isinstance(m, (nn.Linear, KernelLinear))]
     if not all(isinstance(m, KernelLinear) and m.layout == "kernel" for m in linears):
         return "weights not in the kernel layout"
@@ -122,13 +125,14 @@ class FusedDecodeStep:
             layers.append(StepLayer(*norm(block.ln_1), *norm(block.ln_2), linear(block.attn.c_attn),
                                     linear(block.attn.c_proj), linear(block.mlp.c_fc), linear(block.mlp.c_proj)))
         self._layers = (StepLayer * len(layers))(*layers)
-        pos_emb = {"learned": lambda: t.wpe.weight, "sinusoidal": lambda: model.pos_table}.get(cfg.pos_embedding)
+        pos_emb = {"learned": lambda: t.wpe.weight, "sinusoidal": lambda: model.pos_table,
+                   "rope": lambda: None, "none": lambda: None}[cfg.pos_embedding]
         rope = cfg.pos_embedding == "rope"
         self._model = StepModel(
             cfg.n_layer, cfg.n_head, cfg.head_dim, cfg.n_embd, cfg.block_size, cfg.vocab_size,
             NORMS[cfg.norm], ACTIVATIONS[cfg.activation], int(model.lm_head.weight.dtype == torch.float32),
             float(cfg.norm_eps),
-            ptr(t.wte.weight), ptr(pos_emb() if pos_emb else None),
+            ptr(t.wte.weight), ptr(pos_emb()),
             ptr(model.rope_cos.float() if rope else None), ptr(model.rope_sin.float() if rope else None),
             self._layers, *norm(t.ln_f), linear(model.lm_head),
         )

@@ -29,6 +29,7 @@ from scratchlm.kernels import cpu_kernels
 from scratchlm.kernels.decode_step import FusedDecodeStep, KernelLinear
 from scratchlm.kernels.training_copy import take_over_attention
 from scratchlm.model.gpt import GPT, CausalSelfAttention, KVCache
+from scratchlm.model.variants import BOTH, supports
 
 
 def _default_layout(dtype: torch.dtype) -> str:
@@ -137,6 +138,14 @@ class DecodingAttention(CausalSelfAttention):
         return self.resid_dropout(self.c_proj(y))
 
 
+# DecodingLinear computes any Linear; DecodingAttention's one-position step is the plain causal
+# attention of q, k and v (RoPE, when there is one, goes through the model's own code)
+DECODING_COPY = supports("the decoding copy", pos_embedding=("learned", "sinusoidal", "rope", "none"),
+                         norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
+                         norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
+                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+
+
 def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: str | None = None) -> GPT:
     """A copy of `model` for decoding only, in eval mode, with its weights in `dtype` (None keeps
     the model's).
@@ -158,7 +167,8 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     """
     dtype = _as_dtype(dtype, model)
     device, own_dtype = _model_device_dtype(model)
-    if device.type != "cpu" or dtype not in DECODE_DTYPES or own_dtype not in DECODE_DTYPES:
+    if (device.type != "cpu" or dtype not in DECODE_DTYPES or own_dtype not in DECODE_DTYPES
+            or not DECODING_COPY.takes(model.config)):  # a variant it does not list: the model's own code
         fast = copy.deepcopy(model).to(dtype)
     else:
         linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from scratchlm.kernels import train_ops
 from scratchlm.model.gpt import GPT, MLP, CausalSelfAttention
+from scratchlm.model.variants import BOTH, supports
 
 
 def take_over_attention(copy: CausalSelfAttention, attn: CausalSelfAttention) -> None:
@@ -69,13 +70,28 @@ class TrainingMLP(MLP):
         return self.dropout(self.c_proj(h))
 
 
+# the compiled attention is plain causal attention of q, k and v, with RoPE or without
+TRAINING_COPY = supports("the training copy", pos_embedding=("learned", "sinusoidal", "rope", "none"),
+                         norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
+                         norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
+                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+
+
 def attach_training_kernels(model: GPT) -> GPT:
     """Swap every block's attention (and, with GELU, its MLP) of `model` for the training copies,
     in place, and return it. The attention is swapped only while its `impl` is the default "sdpa"
-    (a model set to "explicit" keeps the textbook path); calling it twice changes nothing more."""
+    (a model set to "explicit" keeps the textbook path); calling it twice changes nothing more.
+    A model whose variant TRAINING_COPY does not list is left as it is (see `training_copy_declines`)."""
+    if training_copy_declines(model.config) is not None:
+        return model
     for block in model.transformer.h:
         if type(block.attn) is CausalSelfAttention:
             block.attn = TrainingAttention(block.attn)
         if type(block.mlp) is MLP and block.mlp.activation == "gelu":
             block.mlp = TrainingMLP(block.mlp)
     return model
+
+
+def training_copy_declines(config) -> str | None:
+    """Why the training copy leaves a model of `config` alone, or None when it attaches."""
+    return TRAINING_COPY.first_unsupported(config)

@@ -15,6 +15,14 @@ import torch
 
 from scratchlm.machine.cpu import peak_flops_bound
 from scratchlm.model.config import GPTConfig
+from scratchlm.model.variants import BOTH, supports
+
+
+# every tensor each variant adds or drops is counted by hand below: a value not here is not counted
+PARAMETER_COUNT = supports("the parameter and FLOP count", pos_embedding=("learned", "sinusoidal", "rope", "none"),
+                           norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
+                           norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
+                           proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
 
 
 def count_params(cfg: GPTConfig) -> dict[str, int]:
@@ -24,6 +32,7 @@ def count_params(cfg: GPTConfig) -> dict[str, int]:
     Linear weight, lm_head included even when tied), which is what the FLOP count needs;
     embeddings: the wte and wpe tables.
     """
+    PARAMETER_COUNT.check(cfg)
     C, V, N, hidden = cfg.n_embd, cfg.vocab_size, cfg.n_layer, cfg.mlp_hidden
     proj_in = hidden // 2 if cfg.activation == "swiglu" else hidden
     norm = C if cfg.norm == "rmsnorm" else 2 * C  # gamma (and beta)

@@ -7,7 +7,7 @@ One estimate serves every command (`footprint` of a `Workload`), in four parts:
   parameters   the weights in float32 (param_bytes each); training adds their gradients and
                AdamW's two moments (TRAINING_BYTES_PER_PARAM)
   activations  training: what autograd keeps of a (B, T) batch for the backward pass
-               (scratchlm.inside.introspect.saved_activations, checked there against what autograd really
+               (scratchlm.machine.training_memory.saved_activations, checked there against what autograd really
                saves) and the loss's two B*T*V buffers; a forward without gradients: what one
                block holds at once, with its (T, T) attention weights; attention maps: every
                layer's (T, T) weights, kept for drawing
@@ -31,6 +31,7 @@ import torch
 
 from scratchlm.errors import UserError
 from scratchlm.machine.flops import count_params
+from scratchlm.machine.training_memory import memory_estimate
 from scratchlm.model.config import GPTConfig
 
 TRAINING_BYTES_PER_PARAM = 16
@@ -68,8 +69,6 @@ def _training_activations(config: GPTConfig, batch: int, seq_len: int, checkpoin
     """What a training step keeps for its backward pass (float32), the larger of PyTorch's
     attention and the compiled one (which keeps its (T, T) weights). Worked out for one and two
     layers and extended, since a block keeps the same as the next: n_layer may be any size."""
-    from scratchlm.inside.introspect import memory_estimate
-
     def kept(n_layer: int, attention: str) -> int:
         estimate = memory_estimate(config.replace(n_layer=n_layer), batch, seq_len, "fp32", attention)
         kept = estimate.activations_checkpointed if checkpointing else estimate.activations
