@@ -18,6 +18,7 @@ import os
 import queue
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+import numpy as np
 import pytest
 import torch
 
@@ -543,3 +545,80 @@ def bf16_reference(model: GPT, round_output: bool = True, round_input: bool = Tr
             if round_output:
                 module.register_forward_hook(lambda m, args, out: out.bfloat16().float())
     return ref
+
+
+# ------------------------------------------------------------------ llama.cpp in a child process
+
+LLAMA_CPP_CHILD = Path(__file__).with_name("llama_cpp_child.py")
+
+
+def llama_cpp_answers(path: Path, context: int, calls: list[dict], work: Path, **options) -> list:
+    """The answers of llama.cpp, loading `path` with room for `context` tokens, to `calls` (see
+    tests/llama_cpp_child.py), in a process of its own; a crash there fails the test with its signal."""
+    request, answers = work / "request.json", work / "answers.json"
+    request.write_text(json.dumps({"model": str(path), "n_ctx": context, "options": options, "calls": calls,
+                                   "out": str(answers)}), encoding="utf-8")
+    answers.unlink(missing_ok=True)
+    done = subprocess.run([sys.executable, str(LLAMA_CPP_CHILD), str(request)], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    if done.returncode < 0:
+        pytest.fail(f"llama.cpp died of {signal.Signals(-done.returncode).name} on {path.name}: "
+                    f"{done.stderr[-1500:]}")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(answers.read_text(encoding="utf-8"))
+
+
+def llama_cpp_scores(path: Path, context: int, prompts: list[list[int]], work: Path) -> list[np.ndarray]:
+    """Every position's logits of each prompt, each from an empty cache (float32 K/V cache)."""
+    calls = [{"op": "scores", "ids": ids, "npy": str(work / f"scores-{i}.npy")} for i, ids in enumerate(prompts)]
+    llama_cpp_answers(path, context, calls, work, logits_all=True, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
+    return [np.load(call["npy"]) for call in calls]
+
+
+# ------------------------------------------------------------------ what autograd saves
+
+
+def saved_bytes(model: GPT, B: int, T: int, *, autocast: bool = False):
+    """Bytes autograd keeps for the backward pass, measured with saved_tensors_hooks.
+
+    Every tensor an op saves passes through the pack hook; a tensor counts once by its storage
+    (q, k and v are views of one buffer, and a view keeps the whole buffer alive). Parameters
+    are not activations and are left out; so are the bf16 weight copies autocast makes, which
+    are returned separately. Also returns the bytes saved inside block 0 alone.
+    """
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    weight_shapes = {tuple(p.shape) for p in model.parameters() if p.ndim == 2}
+    weight_shapes |= {s[::-1] for s in weight_shapes}
+    seen: dict[int, int] = {}
+    casts: dict[int, int] = {}
+    in_block0: set[int] = set()
+    state = {"block0": False}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        key = storage.data_ptr()
+        if key in params or key in seen or key in casts:
+            return t
+        if autocast and t.dtype == torch.bfloat16 and tuple(t.shape) in weight_shapes:
+            casts[key] = storage.nbytes()
+            return t
+        seen[key] = storage.nbytes()
+        if state["block0"]:
+            in_block0.add(key)
+        return t
+
+    block0 = model.transformer.h[0]
+    h1 = block0.register_forward_pre_hook(lambda m, a: state.__setitem__("block0", True))
+    h2 = block0.register_forward_hook(lambda m, a, o: state.__setitem__("block0", False))
+    gen = torch.Generator().manual_seed(0)
+    idx = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
+    model.train()
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                _, loss = model(idx, idx.roll(-1, dims=1))  # own storage for targets, as in training
+    finally:
+        h1.remove()
+        h2.remove()
+    loss.backward()  # the graph was complete
+    return sum(seen.values()), sum(seen[k] for k in in_block0), sum(casts.values())

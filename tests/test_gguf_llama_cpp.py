@@ -13,9 +13,7 @@ naming the signal, and the rest of the run goes on.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
-import signal
 import string
 import subprocess
 import sys
@@ -28,10 +26,12 @@ import torch
 from scratchlm.gguf.export import export_gguf
 from scratchlm.training.checkpoint import load_model
 
+import helpers
+from helpers import llama_cpp_answers as llama, llama_cpp_scores as llama_scores
+
 if importlib.util.find_spec("llama_cpp") is None:  # found, not imported: llama.cpp runs in the child only
     pytest.skip("llama-cpp-python is not installed (.ci/run builds it from source)", allow_module_level=True)
 
-CHILD = Path(__file__).with_name("llama_cpp_child.py")
 
 GPT2_RANKS = Path(__file__).resolve().parents[2] / "shared" / "data" / "gpt2" / "gpt2.tiktoken"
 QUIET = ["--eval_interval", "0", "--sample_tokens", "0", "--progress", "quiet", "--threads", "1"]
@@ -83,29 +83,6 @@ def cli(env, *args) -> str:
                             timeout=600, env=env)
     assert result.returncode == 0, result.stderr[-2000:]
     return result.stdout
-
-
-def llama(path: Path, context: int, calls: list[dict], work: Path, **options) -> list:
-    """The answers of llama.cpp, loading `path` with room for `context` tokens, to `calls` (see
-    tests/llama_cpp_child.py), in a process of its own; a crash there fails the test with its signal."""
-    request, answers = work / "request.json", work / "answers.json"
-    request.write_text(json.dumps({"model": str(path), "n_ctx": context, "options": options, "calls": calls,
-                                   "out": str(answers)}), encoding="utf-8")
-    answers.unlink(missing_ok=True)
-    done = subprocess.run([sys.executable, str(CHILD), str(request)], capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
-    if done.returncode < 0:
-        pytest.fail(f"llama.cpp died of {signal.Signals(-done.returncode).name} on {path.name}: "
-                    f"{done.stderr[-1500:]}")
-    assert done.returncode == 0, done.stderr[-2000:]
-    return json.loads(answers.read_text(encoding="utf-8"))
-
-
-def llama_scores(path: Path, context: int, prompts: list[list[int]], work: Path) -> list[np.ndarray]:
-    """Every position's logits of each prompt, each from an empty cache (float32 K/V cache)."""
-    calls = [{"op": "scores", "ids": ids, "npy": str(work / f"scores-{i}.npy")} for i, ids in enumerate(prompts)]
-    llama(path, context, calls, work, logits_all=True, type_k=0, type_v=0)  # 0: GGML_TYPE_F32
-    return [np.load(call["npy"]) for call in calls]
 
 
 def held_out(name: str, tok, length: int) -> list[int]:
@@ -240,7 +217,7 @@ def test_a_crash_inside_llama_cpp_fails_one_test_naming_the_signal(tmp_path, mon
     """What a segmentation fault in llama.cpp looks like from here: a child that dies of SIGSEGV."""
     crasher = tmp_path / "crash.py"
     crasher.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n", encoding="utf-8")
-    monkeypatch.setattr(sys.modules[__name__], "CHILD", crasher)
+    monkeypatch.setattr(helpers, "LLAMA_CPP_CHILD", crasher)
     with pytest.raises(pytest.fail.Exception, match="llama.cpp died of SIGSEGV on m.gguf"):
         llama(tmp_path / "m.gguf", 64, [], tmp_path)
 

@@ -24,6 +24,8 @@ from scratchlm.inside import walkthrough as walk
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 
+from helpers import saved_bytes as _saved_bytes
+
 TINY = dict(vocab_size=23, block_size=12, n_layer=2, n_head=2, n_embd=8)
 
 # variants that change what is computed or kept: norms, activations, positions, tying, biases
@@ -128,52 +130,6 @@ def test_flops_match_torch_flop_counter(overrides):
 
 
 # ------------------------------------------------------------------ activation memory
-
-
-def _saved_bytes(model: GPT, B: int, T: int, *, autocast: bool = False):
-    """Bytes autograd keeps for the backward pass, measured with saved_tensors_hooks.
-
-    Every tensor an op saves passes through the pack hook; a tensor counts once by its storage
-    (q, k and v are views of one buffer, and a view keeps the whole buffer alive). Parameters
-    are not activations and are left out; so are the bf16 weight copies autocast makes, which
-    are returned separately. Also returns the bytes saved inside block 0 alone.
-    """
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    weight_shapes = {tuple(p.shape) for p in model.parameters() if p.ndim == 2}
-    weight_shapes |= {s[::-1] for s in weight_shapes}
-    seen: dict[int, int] = {}
-    casts: dict[int, int] = {}
-    in_block0: set[int] = set()
-    state = {"block0": False}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        key = storage.data_ptr()
-        if key in params or key in seen or key in casts:
-            return t
-        if autocast and t.dtype == torch.bfloat16 and tuple(t.shape) in weight_shapes:
-            casts[key] = storage.nbytes()
-            return t
-        seen[key] = storage.nbytes()
-        if state["block0"]:
-            in_block0.add(key)
-        return t
-
-    block0 = model.transformer.h[0]
-    h1 = block0.register_forward_pre_hook(lambda m, a: state.__setitem__("block0", True))
-    h2 = block0.register_forward_hook(lambda m, a, o: state.__setitem__("block0", False))
-    gen = torch.Generator().manual_seed(0)
-    idx = torch.randint(0, model.config.vocab_size, (B, T), generator=gen)
-    model.train()
-    try:
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-                _, loss = model(idx, idx.roll(-1, dims=1))  # own storage for targets, as in training
-    finally:
-        h1.remove()
-        h2.remove()
-    loss.backward()  # the graph was complete
-    return sum(seen.values()), sum(seen[k] for k in in_block0), sum(casts.values())
 
 
 # Sizes picked so no activation has the shape of a weight matrix (B*T = 14, C = 8, V = 23).

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from scratchlm.errors import ConfigError
-from scratchlm.model.config import ACTIVATIONS, NORM_POSITIONS, NORMS, POS_EMBEDDINGS
+from scratchlm.model import config as model_config
 
 SWITCHES = ("final_norm", "tie_weights", "qkv_bias", "proj_bias", "mlp_bias", "lm_head_bias")
 
@@ -26,8 +26,9 @@ SWITCHES = ("final_norm", "tie_weights", "qkv_bias", "proj_bias", "mlp_bias", "l
 def variant_fields() -> dict[str, tuple]:
     """Every variant field and every value the model computes for it (read from the config's lists
     at each call, so a value added there is seen here)."""
-    fields: dict[str, tuple] = {"pos_embedding": POS_EMBEDDINGS, "norm": NORMS, "activation": ACTIVATIONS,
-                                "norm_position": NORM_POSITIONS}
+    c = model_config
+    fields: dict[str, tuple] = {"pos_embedding": c.POS_EMBEDDINGS, "norm": c.NORMS, "activation": c.ACTIVATIONS,
+                                "norm_position": c.NORM_POSITIONS}
     fields.update({name: (True, False) for name in SWITCHES})
     return fields
 
