@@ -24,6 +24,7 @@ CASES = {
     "neox-relu-no-biases": dict(norm="layernorm", activation="relu", proj_bias=False, mlp_bias=False, rope_theta=500.0),
     "llama": dict(norm="rmsnorm", activation="swiglu", mlp_bias=False, proj_bias=False),
     "llama-biases-tied": dict(norm="rmsnorm", activation="swiglu", qkv_bias=True, tie_weights=True, n_inner=48),
+    "llama-gqa": dict(norm="rmsnorm", activation="swiglu", n_kv_head=2, qkv_bias=True, proj_bias=False),
 }
 
 
@@ -134,16 +135,18 @@ def test_import_hf_reads_the_export_back(tmp_path, name):
         torch.testing.assert_close(back(idx)[0], model(idx)[0], atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("arch", ["gpt_neox", "llama"])
+@pytest.mark.parametrize("arch", ["gpt_neox", "llama", "llama-gqa"])
 def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
-    """A random model built and saved by transformers itself, then imported: the same logits."""
+    """A random model built and saved by transformers itself, then imported: the same logits
+    (llama-gqa: 4 query heads sharing 2 key/value heads, read as n_kv_head=2)."""
     common = dict(vocab_size=50, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
                   max_position_embeddings=32)
     if arch == "gpt_neox":
         cfg = transformers.GPTNeoXConfig(**common, use_parallel_residual=False, rotary_pct=1.0, hidden_act="gelu")
         hf = transformers.GPTNeoXForCausalLM(cfg)
     else:
-        cfg = transformers.LlamaConfig(**common, num_key_value_heads=4, mlp_bias=True, attention_bias=True)
+        kv_heads = 2 if arch == "llama-gqa" else 4
+        cfg = transformers.LlamaConfig(**common, num_key_value_heads=kv_heads, mlp_bias=True, attention_bias=True)
         hf = transformers.LlamaForCausalLM(cfg)
     torch.manual_seed(0)
     with torch.no_grad():
@@ -153,6 +156,7 @@ def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
     from scratchlm.hf.interop import import_hf_dir
 
     model = import_hf_dir(tmp_path / "hf")
+    assert model.config.kv_heads == getattr(cfg, "num_key_value_heads", 4)
     idx = torch.randint(0, 50, (2, 16), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
         torch.testing.assert_close(model(idx)[0], hf(input_ids=idx).logits, atol=1e-4, rtol=1e-4)
@@ -161,7 +165,7 @@ def test_import_hf_reads_a_model_transformers_made(tmp_path, arch):
 @pytest.mark.parametrize("arch, change, field", [
     ("gpt_neox", dict(use_parallel_residual=True), "use_parallel_residual"),
     ("gpt_neox", dict(rotary_pct=0.25), "rotary_pct"),
-    ("llama", dict(num_key_value_heads=2), "num_key_value_heads"),
+    ("llama", dict(num_key_value_heads=3), "num_key_value_heads"),
 ])
 def test_import_hf_refuses_what_scratchlm_does_not_compute(arch, change, field):
     from scratchlm.hf.hf_rotary import config_from_hf

@@ -37,6 +37,8 @@ VARIANTS = [
     dict(pos_embedding="sinusoidal", norm_position="post"),
     dict(pos_embedding="sinusoidal", norm_position="post", final_norm=False),  # the tutorial preset's layout
     dict(final_norm=False),  # lm_head reads the residual stream itself
+    dict(n_kv_head=1, pos_embedding="rope"),  # grouped-query attention: both query heads share one K/V head
+    dict(n_kv_head=1, activation="swiglu"),
 ]
 
 

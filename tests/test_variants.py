@@ -59,10 +59,13 @@ DECLARED = {"training copy": TRAINING_COPY, "decoding copy": DECODING_COPY, "fus
 
 def one_value_each() -> dict[str, dict]:
     """Each value of each variant field, the rest as BASE, and the three layouts exporters know."""
-    cases = {f"{field}={value}": {field: value} for field, values in variant_fields().items() for value in values}
+    as_fields = {"grouped_kv": lambda grouped: {"n_kv_head": 1 if grouped else None}}  # 2 query heads, 1 K/V head
+    cases = {f"{field}={value}": as_fields.get(field, lambda v, f=field: {f: v})(value)
+             for field, values in variant_fields().items() for value in values}
     cases["gpt2"] = dict(activation="gelu_tanh", qkv_bias=True, tie_weights=True)
     cases["neox"] = dict(pos_embedding="rope", activation="gelu")
     cases["llama"] = dict(pos_embedding="rope", norm="rmsnorm", activation="swiglu", mlp_bias=False, proj_bias=False)
+    cases["llama-gqa"] = dict(cases["llama"], n_head=4, n_kv_head=2, qkv_bias=True)  # heads of 8: 2 query heads a group
     return cases
 
 
@@ -287,3 +290,15 @@ def test_a_variant_value_the_config_gains_makes_every_adapter_decline_or_refuse(
     assert not (tmp_path / "hf").exists() and not (tmp_path / "m.gguf").exists()
     for count in (lambda: count_params(fake), lambda: footprint(fake), lambda: memory_estimate(fake, 2, 7)):
         assert _one_line_refusal(count, ConfigError).startswith(f"{prefix}: ")
+
+
+def test_the_walkthrough_of_a_grouped_query_model_matches_the_twin_and_says_so():
+    """Each query head is shown with the key and value head of its group, computed twice."""
+    from scratchlm.inside.walkthrough import format_walkthrough, walkthrough_of
+
+    model = model_of(CASES["llama-gqa"]).double()
+    w = walkthrough_of(model, ids()[0, :6].tolist())
+    assert w.max_diff < 1e-10
+    assert {s.key for s in w.steps} >= {"h0.k", "h0.v", "h1.weights"}
+    assert w.weights["transformer.h.0.attn.W_K"].shape == (2 * 8, BASE["n_embd"])  # 2 K heads of 8
+    assert "H=4, H_kv=2," in format_walkthrough(w).splitlines()[0]

@@ -42,13 +42,13 @@ LLAMA_CPP_ARCH = {"gpt2": "gpt2", "gpt_neox": "gptneox", "llama": "llama"}
 GGUF_ARCHITECTURES = {
     "gpt2": supports("the GGUF gpt2 export", pos_embedding=("learned", "sinusoidal", "none"), norm=("layernorm",),
                      activation=("gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
-                     qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH),
+                     qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,)),
     "gptneox": supports("the GGUF gptneox export", pos_embedding=("rope",), norm=("layernorm",),
                         activation=("gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
-                        qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH),
+                        qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,)),
     "llama": supports("the GGUF llama export", pos_embedding=("rope",), norm=("rmsnorm",), activation=("swiglu",),
                       norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
-                      mlp_bias=BOTH, lm_head_bias=BOTH),
+                      mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=BOTH),
 }
 
 
@@ -72,7 +72,7 @@ def write_hparams(writer: Any, config: GPTConfig, arch: str, n_vocab: int) -> No
     writer.add_feed_forward_length(config.mlp_hidden // 2 if arch == "llama" else config.mlp_hidden)
     writer.add_head_count(config.n_head)
     if arch == "llama":
-        writer.add_head_count_kv(config.n_head)
+        writer.add_head_count_kv(config.kv_heads)  # fewer than n_head under grouped-query attention
         writer.add_layer_norm_rms_eps(config.norm_eps)
         writer.add_vocab_size(n_vocab)
     else:
@@ -154,9 +154,10 @@ def gguf_tensors(model: Any, arch: str, n_vocab: int) -> dict[str, torch.Tensor]
             continue
         for part in ("weight", "bias"):
             if src + f"attn.c_attn.{part}" in state:
-                q, k, v = state[src + f"attn.c_attn.{part}"].split(C)
+                kv = cfg.kv_heads * cfg.head_dim  # C, or less with grouped-query attention
+                q, k, v = state[src + f"attn.c_attn.{part}"].split((C, kv, kv))
                 out[dst + f"attn_q.{part}"] = rope_pairs_adjacent(q, cfg.n_head)
-                out[dst + f"attn_k.{part}"] = rope_pairs_adjacent(k, cfg.n_head)
+                out[dst + f"attn_k.{part}"] = rope_pairs_adjacent(k, cfg.kv_heads)
                 out[dst + f"attn_v.{part}"] = v
             if src + f"mlp.c_fc.{part}" in state:
                 gate, up = state[src + f"mlp.c_fc.{part}"].chunk(2)

@@ -41,13 +41,14 @@ NO_FINAL_NORM = ("final_norm: false (lm_head reads the last block's output, with
 
 GPT2 = supports("the Hugging Face GPT-2 export", pos_embedding=("learned", "sinusoidal", "none"), norm=("layernorm",),
                 activation=("relu", "gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,), tie_weights=BOTH,
-                qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,))
 GPT_NEOX = supports("the Hugging Face GPT-NeoX export", pos_embedding=("rope",), norm=("layernorm",),
                     activation=("relu", "gelu", "gelu_tanh"), norm_position=("pre",), final_norm=(True,),
-                    tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                    tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH,
+                    grouped_kv=(False,))
 LLAMA = supports("the Hugging Face Llama export", pos_embedding=("rope",), norm=("rmsnorm",), activation=("swiglu",),
                  norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
-                 mlp_bias=BOTH, lm_head_bias=BOTH)
+                 mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=BOTH)
 ARCHITECTURES = {"gpt2": GPT2, "gpt_neox": GPT_NEOX, "llama": LLAMA}
 
 
@@ -72,6 +73,11 @@ def _no_architecture(config: GPTConfig, target: str) -> str:
         if all(value not in supported.values.get(field, ()) for supported in ARCHITECTURES.values()):
             return (f"{field}: {value!r} has no {target} architecture to export to (GPT-2, GPT-NeoX and Llama take "
                     f"{', '.join(sorted({repr(v) for s in ARCHITECTURES.values() for v in s.values.get(field, ())}))})")
+    if config.grouped_kv and not LLAMA.takes(config.replace(n_kv_head=None)) and LLAMA.takes(
+            config.replace(n_kv_head=None, pos_embedding="rope", norm="rmsnorm", activation="swiglu")):
+        return (f"n_kv_head: {config.n_kv_head} key/value heads for {config.n_head} query heads (grouped-query "
+                f"attention) has a {target} architecture only in the Llama layout (--pos_embedding rope --norm "
+                "rmsnorm --activation swiglu); GPT-2 and GPT-NeoX give every query head keys and values of its own")
     if config.pos_embedding != "rope":
         field = "norm" if config.norm != "layernorm" else "activation"
         return (f"{field}: {getattr(config, field)!r} with {config.pos_embedding} positions has no {target} "
@@ -101,7 +107,7 @@ def hf_config(config: GPTConfig, arch: str, bos_id: int | None = None, eos_id: i
                 "layer_norm_eps": config.norm_eps, "use_parallel_residual": False, "attention_bias": True,
                 "hidden_dropout": 0.0, "attention_dropout": 0.0, "classifier_dropout": 0.0}
     return {**_common(config, bos_id, eos_id), "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-            "intermediate_size": config.mlp_hidden // 2, "hidden_act": "silu", "num_key_value_heads": config.n_head,
+            "intermediate_size": config.mlp_hidden // 2, "hidden_act": "silu", "num_key_value_heads": config.kv_heads,
             "head_dim": config.head_dim, "rms_norm_eps": config.norm_eps, "rope_theta": config.rope_theta,
             "rope_parameters": {"rope_type": "default", "rope_theta": config.rope_theta},
             "attention_bias": config.qkv_bias or config.proj_bias, "mlp_bias": config.mlp_bias,
@@ -133,6 +139,11 @@ def drop_zero_head_bias(state: dict[str, torch.Tensor], arch: str) -> None:
                     "--no-lm_head_bias to export it")
 
 
+def qkv_w_rows(cfg: GPTConfig) -> int:
+    """Rows of c_attn: C of queries, then keys and values of kv_heads heads each (3C without grouping)."""
+    return cfg.n_embd + 2 * cfg.kv_heads * cfg.head_dim
+
+
 def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:
     """The model's weights under `arch`'s names and layouts (new contiguous CPU tensors)."""
     cfg = model.config
@@ -152,7 +163,7 @@ def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:
             for part in ("weight", "bias"):
                 if src + f"{ours}.{part}" in state:
                     out[dst + f"{theirs}.{part}"] = state[src + f"{ours}.{part}"]
-        qkv_w, qkv_b = state[src + "attn.c_attn.weight"], bias(src + "attn.c_attn.bias", 3 * C)
+        qkv_w, qkv_b = state[src + "attn.c_attn.weight"], bias(src + "attn.c_attn.bias", qkv_w_rows(cfg))
         proj_w, proj_b = state[src + "attn.c_proj.weight"], bias(src + "attn.c_proj.bias", C)
         fc_w, fc_b = state[src + "mlp.c_fc.weight"], bias(src + "mlp.c_fc.bias", cfg.mlp_hidden)
         down_w, down_b = state[src + "mlp.c_proj.weight"], bias(src + "mlp.c_proj.bias", C)
@@ -165,10 +176,11 @@ def hf_state_dict(model, arch: str) -> dict[str, torch.Tensor]:
             out[dst + "mlp.dense_4h_to_h.weight"], out[dst + "mlp.dense_4h_to_h.bias"] = down_w, down_b
             continue
         half = cfg.mlp_hidden // 2
-        for j, name in enumerate(("q_proj", "k_proj", "v_proj")):
-            out[dst + f"self_attn.{name}.weight"] = qkv_w[j * C : (j + 1) * C]
+        kv = cfg.kv_heads * hs  # rows of k_proj and v_proj: C, or fewer with grouped-query attention
+        for name, w, b in zip(("q_proj", "k_proj", "v_proj"), qkv_w.split((C, kv, kv)), qkv_b.split((C, kv, kv))):
+            out[dst + f"self_attn.{name}.weight"] = w
             if cfg.qkv_bias or cfg.proj_bias:
-                out[dst + f"self_attn.{name}.bias"] = qkv_b[j * C : (j + 1) * C]
+                out[dst + f"self_attn.{name}.bias"] = b
         out[dst + "self_attn.o_proj.weight"] = proj_w
         if cfg.qkv_bias or cfg.proj_bias:
             out[dst + "self_attn.o_proj.bias"] = proj_b
@@ -205,7 +217,8 @@ def _rope_theta(hf: dict) -> float:
 
 def config_from_hf(hf: dict) -> GPTConfig:
     """The GPTConfig of a GPT-NeoX or Llama config.json; a UserError naming the field it cannot
-    follow (partial or scaled rotations, a parallel residual, grouped K/V heads, ...)."""
+    follow (partial or scaled rotations, a parallel residual, ...); Llama's grouped K/V heads become
+    n_kv_head."""
     arch, C, H = hf["model_type"], hf["hidden_size"], hf["num_attention_heads"]
     common = dict(vocab_size=hf["vocab_size"], block_size=hf["max_position_embeddings"], n_layer=hf["num_hidden_layers"],
                   n_head=H, n_embd=C, pos_embedding="rope", rope_theta=_rope_theta(hf), norm_position="pre",
@@ -225,15 +238,16 @@ def config_from_hf(hf: dict) -> GPTConfig:
                          norm_eps=float(hf.get("layer_norm_eps", 1e-5)),
                          activation=_NEOX_FROM_HF[hf.get("hidden_act", "gelu")],
                          qkv_bias=biased, proj_bias=biased, mlp_bias=True)
-    if hf.get("num_key_value_heads", H) != H:
-        raise UserError(f"num_key_value_heads: {hf['num_key_value_heads']} shared K/V heads for {H} query heads "
-                        "(grouped-query attention); scratchlm gives every head its own")
+    kv_heads = hf.get("num_key_value_heads") or H
+    if H % kv_heads:
+        raise UserError(f"num_key_value_heads: {kv_heads} does not divide num_attention_heads = {H}")
     if hf.get("head_dim", C // H) != C // H:
         raise UserError(f"head_dim: {hf['head_dim']} is not hidden_size / num_attention_heads = {C // H}")
     if hf.get("hidden_act", "silu") != "silu":
         raise UserError(f"hidden_act: {hf['hidden_act']!r}; scratchlm's swiglu gates with silu")
     biased = bool(hf.get("attention_bias", False))
-    return GPTConfig(**common, n_inner=2 * hf["intermediate_size"], norm="rmsnorm",
+    return GPTConfig(**common, n_kv_head=None if kv_heads == H else kv_heads, n_inner=2 * hf["intermediate_size"],
+                     norm="rmsnorm",
                      norm_eps=float(hf.get("rms_norm_eps", 1e-6)), activation="swiglu", qkv_bias=biased,
                      proj_bias=biased, mlp_bias=bool(hf.get("mlp_bias", False)))
 

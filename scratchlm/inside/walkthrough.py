@@ -187,10 +187,14 @@ def _attention_inside(model: GPT, out: dict[str, torch.Tensor], weights: list[to
     rope = (model.rope_cos[:T], model.rope_sin[:T]) if cfg.pos_embedding == "rope" else None
     for i in range(cfg.n_layer):
         p = f"h{i}."
-        q, k, v = out.pop(p + "qkv").split(C, dim=-1)  # (T, C) each, as the model splits them
-        q, k, v = (t.view(T, H, hs).transpose(0, 1) for t in (q, k, v))  # (H, T, hs)
+        kv = cfg.kv_heads * hs  # C, or less when query heads share keys and values
+        q, k, v = out.pop(p + "qkv").split((C, kv, kv), dim=-1)  # (T, C), (T, kv) twice, as the model splits them
+        q = q.view(T, H, hs).transpose(0, 1)  # (H, T, hs)
+        k, v = (t.view(T, cfg.kv_heads, hs).transpose(0, 1) for t in (k, v))  # (H_kv, T, hs)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        # each query head beside the key and value head of its group (the same heads without grouping)
+        k, v = (t.repeat_interleave(H // cfg.kv_heads, dim=0) for t in (k, v))  # (H, T, hs)
         out[p + "q"], out[p + "k"], out[p + "v"] = q, k, v
         out[p + "scores"] = q @ k.transpose(-2, -1) / math.sqrt(hs)  # (H, T, T), before the mask
         out[p + "mask"] = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
@@ -302,7 +306,8 @@ def for_display(arrays: dict[str, Any], C: int) -> dict[str, np.ndarray]:
         array = value.detach().cpu().numpy().copy() if hasattr(value, "detach") else np.array(value)
         if name.endswith("attn.c_attn.weight"):  # rows are [W_Q; W_K; W_V]
             stem = name[: -len("c_attn.weight")]
-            shown[stem + "W_Q"], shown[stem + "W_K"], shown[stem + "W_V"] = array[:C], array[C : 2 * C], array[2 * C :]
+            kv = (array.shape[0] - C) // 2  # C, or less under grouped-query attention
+            shown[stem + "W_Q"], shown[stem + "W_K"], shown[stem + "W_V"] = array[:C], array[C : C + kv], array[C + kv :]
         elif name.endswith("attn.c_proj.weight"):
             shown[name[: -len("c_proj.weight")] + "W_O"] = array
         else:
@@ -351,11 +356,17 @@ def side_by_side(left: np.ndarray, right: np.ndarray, indent: str = "    ", exac
     return [f"{indent}{x:<{pad}}   {y}" for x, y in zip(a, b)]
 
 
+def _kv_heads(cfg: dict[str, Any]) -> str:
+    """`, H_kv=2` where query heads share key and value heads; nothing otherwise."""
+    kv = cfg.get("n_kv_head")
+    return "" if kv in (None, cfg["n_head"]) else f", H_kv={kv}"
+
+
 def format_walkthrough(w: Walkthrough, labels: Sequence[str] | None = None) -> str:
     cfg = w.config
     drawn = "multiples of 0.1 in [-1, 1]" if w.init == "hand" else "the model's own initialisation"
     lines = [
-        f"walkthrough: preset {w.preset}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}, "
+        f"walkthrough: preset {w.preset}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}{_kv_heads(cfg)}, "
         f"hs={cfg['n_embd'] // cfg['n_head']}, N={cfg['n_layer']}, V={cfg['vocab_size']}), seed {w.seed}, "
         f"weights: {drawn}",
         f"input ids: {w.ids}" + (f"  ({' '.join(labels[i] for i in w.ids)}; vocabulary: "
@@ -411,7 +422,7 @@ def format_focus(w: Walkthrough, layer: int, head: int, labels: Sequence[str], t
     and the largest |torch - numpy|, then the most likely next tokens. labels: one per input id;
     top: (id, label, probability) at the last position."""
     cfg = w.config
-    lines = [f"walkthrough: {source}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}, "
+    lines = [f"walkthrough: {source}  (T={len(w.ids)}, C={cfg['n_embd']}, H={cfg['n_head']}{_kv_heads(cfg)}, "
              f"hs={cfg['n_embd'] // cfg['n_head']}, N={cfg['n_layer']}, V={cfg['vocab_size']}); layer {layer}, "
              f"head {head} in full, every other station as its shape and the largest |torch - numpy|",
              "input: " + "  ".join(f"{i} {label}" for i, label in zip(w.ids, labels)), "",

@@ -32,7 +32,7 @@ _I = ctypes.c_int64
 FUSED_STEP = supports("the fused decoding step", pos_embedding=("learned", "sinusoidal", "rope", "none"),
                       norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
                       norm_position=("pre",), final_norm=(True,), tie_weights=BOTH, qkv_bias=BOTH, proj_bias=BOTH,
-                      mlp_bias=BOTH, lm_head_bias=BOTH)
+                      mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,))
 NORMS = {"layernorm": 0, "rmsnorm": 1}
 ACTIVATIONS = {"relu": 0, "gelu": 1, "gelu_tanh": 2, "swiglu": 3}
 

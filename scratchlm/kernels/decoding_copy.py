@@ -143,7 +143,7 @@ class DecodingAttention(CausalSelfAttention):
 DECODING_COPY = supports("the decoding copy", pos_embedding=("learned", "sinusoidal", "rope", "none"),
                          norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
                          norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
-                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,))
 
 
 def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: str | None = None) -> GPT:

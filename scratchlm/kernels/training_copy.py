@@ -27,7 +27,7 @@ def take_over_attention(copy: CausalSelfAttention, attn: CausalSelfAttention) ->
     CausalSelfAttention's, which would make new Linear layers from a config only for them to be
     replaced) attn's submodules and settings: the training and the decoding copies both start so."""
     nn.Module.__init__(copy)
-    copy.n_head, copy.n_embd, copy.layer = attn.n_head, attn.n_embd, attn.layer
+    copy.n_head, copy.n_kv_head, copy.n_embd, copy.layer = attn.n_head, attn.n_kv_head, attn.n_embd, attn.layer
     copy.c_attn, copy.c_proj = attn.c_attn, attn.c_proj
     copy.attn_dropout, copy.resid_dropout = attn.attn_dropout, attn.resid_dropout
     copy.dropout, copy.impl = attn.dropout, attn.impl
@@ -74,7 +74,7 @@ class TrainingMLP(MLP):
 TRAINING_COPY = supports("the training copy", pos_embedding=("learned", "sinusoidal", "rope", "none"),
                          norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
                          norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
-                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                         proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=(False,))
 
 
 def attach_training_kernels(model: GPT) -> GPT:

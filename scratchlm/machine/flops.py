@@ -22,7 +22,7 @@ from scratchlm.model.variants import BOTH, supports
 PARAMETER_COUNT = supports("the parameter and FLOP count", pos_embedding=("learned", "sinusoidal", "rope", "none"),
                            norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
                            norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
-                           proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                           proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=BOTH)
 
 
 def count_params(cfg: GPTConfig) -> dict[str, int]:
@@ -36,12 +36,13 @@ def count_params(cfg: GPTConfig) -> dict[str, int]:
     C, V, N, hidden = cfg.n_embd, cfg.vocab_size, cfg.n_layer, cfg.mlp_hidden
     proj_in = hidden // 2 if cfg.activation == "swiglu" else hidden
     norm = C if cfg.norm == "rmsnorm" else 2 * C  # gamma (and beta)
-    attn = 3 * C * C + C * C + (3 * C if cfg.qkv_bias else 0) + (C if cfg.proj_bias else 0)
+    kv = 2 * cfg.kv_heads * cfg.head_dim  # W_K and W_V's outputs: 2 C, or less with grouped-query attention
+    attn = (C + kv) * C + C * C + ((C + kv) if cfg.qkv_bias else 0) + (C if cfg.proj_bias else 0)
     mlp = C * hidden + proj_in * C + ((hidden + C) if cfg.mlp_bias else 0)
     wpe = cfg.block_size * C if cfg.pos_embedding == "learned" else 0
     head = (0 if cfg.tie_weights else V * C) + (V if cfg.lm_head_bias else 0)
     total = V * C + wpe + N * (attn + mlp + 2 * norm) + (norm if cfg.final_norm else 0) + head
-    matmul = N * (4 * C * C + C * hidden + proj_in * C) + V * C
+    matmul = N * ((C + kv) * C + C * C + C * hidden + proj_in * C) + V * C
     return dict(total=total, matmul=matmul, embeddings=V * C + wpe)
 
 

@@ -122,7 +122,7 @@ def footprint(config: GPTConfig, work: Workload = Workload(), param_bytes: int =
             activations += FLOAT * config.n_layer * B * config.n_head * T * T
         output = FLOAT * B * T * config.vocab_size + ID * B * T * (2 if work.training else 1)
     if work.rows:
-        kv_cache = 2 * FLOAT * config.n_layer * work.rows * config.block_size * config.n_embd
+        kv_cache = 2 * FLOAT * config.n_layer * work.rows * config.block_size * config.kv_heads * config.head_dim
         output += 3 * FLOAT * work.rows * config.vocab_size + ID * work.rows * (work.prompt_tokens + work.new_tokens)
     return Footprint(parameters, activations, kv_cache, output)
 

@@ -17,7 +17,7 @@ from scratchlm.model.variants import BOTH, supports
 SAVED_ACTIVATIONS = supports("the training memory estimate", pos_embedding=("learned", "sinusoidal", "rope", "none"),
                              norm=("layernorm", "rmsnorm"), activation=("relu", "gelu", "gelu_tanh", "swiglu"),
                              norm_position=("pre", "post"), final_norm=BOTH, tie_weights=BOTH, qkv_bias=BOTH,
-                             proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH)
+                             proj_bias=BOTH, mlp_bias=BOTH, lm_head_bias=BOTH, grouped_kv=BOTH)
 
 PRECISIONS = ("fp32", "bf16-mixed")
 _DTYPE_BYTES = {"f32": 4, "i64": 8, "bool": 1}
@@ -27,7 +27,18 @@ def _attention_saves(cfg: GPTConfig, B: int, T: int, attention: str) -> list[tup
     """What one block's attention keeps, between c_attn's input and c_proj's (saved_activations)."""
     C, H, BT = cfg.n_embd, cfg.n_head, B * T
     block: list[tuple[str, int, str]] = []
-    if attention == "sdpa":
+    kv_width = cfg.kv_heads * cfg.head_dim  # C, or less with grouped-query attention
+    if attention == "sdpa" and cfg.grouped_kv:  # SDPA keeps k and v repeated for every query head
+        if cfg.pos_embedding == "rope":  # q after rope; nothing of c_attn's output is read again
+            block.append(("q after rope", BT * C, "act"))
+        else:
+            block.append(("q, k, v (c_attn output)", BT * (C + 2 * kv_width), "act"))
+        block.append(("k, v repeated for each query head", 2 * BT * C, "act"))
+        if cfg.pos_embedding == "rope":
+            block.append(("c_proj input (heads merged)", BT * C, "act"))
+        block.append(("attention output", BT * C, "act"))
+        block.append(("attention log-sum-exp", B * H * T, "f32"))
+    elif attention == "sdpa":
         block.append(("q, k, v (c_attn output)", 3 * BT * C, "act"))
         if cfg.pos_embedding == "rope":
             block.append(("q, k after rope", 2 * BT * C, "act"))
@@ -41,7 +52,7 @@ def _attention_saves(cfg: GPTConfig, B: int, T: int, attention: str) -> list[tup
         block.append(("attention weights", B * H * T * (-(-T // 16) * 16), "act"))
         block.append(("attention output", BT * C, "act"))
     else:  # the explicit path keeps the whole (T, T) weight matrix of every head
-        block.append(("q, k, v (contiguous copies)", 3 * BT * C, "act"))
+        block.append(("q, k, v (contiguous copies; k and v repeated for each query head)", 3 * BT * C, "act"))
         block.append(("causal mask", T * T, "bool"))
         block.append(("attention weights", B * H * T * T, "act"))
         block.append(("c_proj input (heads merged)", BT * C, "act"))

@@ -36,6 +36,11 @@ class GPTConfig:
     head size), so n_embd must be divisible by it."""
     n_embd: int = 128
     """C: width of the residual stream."""
+    n_kv_head: int | None = None
+    """Heads of keys and values (grouped-query attention, as in Llama 2 70B, Qwen and MiniMind):
+    each group of n_head / n_kv_head query heads shares one key head and one value head, so the
+    KV cache is that many times smaller. None means n_head (every query head has its own: plain
+    multi-head attention); 1 is multi-query attention. Must divide n_head."""
     n_inner: int | None = None
     """Width of the MLP's first linear layer; None means 4 * n_embd. With swiglu the output of
     that layer is split into a gate half and a value half, so it must be even."""
@@ -83,6 +88,16 @@ class GPTConfig:
         return self.n_embd // self.n_head
 
     @property
+    def kv_heads(self) -> int:
+        """Key and value heads: n_kv_head, or n_head when it is None."""
+        return self.n_head if self.n_kv_head is None else self.n_kv_head
+
+    @property
+    def grouped_kv(self) -> bool:
+        """True when query heads share key and value heads (fewer kv_heads than n_head)."""
+        return self.kv_heads != self.n_head
+
+    @property
     def mlp_hidden(self) -> int:
         """Width of the MLP's first layer output (before a swiglu split)."""
         return self.n_inner if self.n_inner is not None else 4 * self.n_embd
@@ -93,6 +108,11 @@ class GPTConfig:
             _check_positive_int(name, getattr(self, name))
         if self.n_inner is not None:
             _check_positive_int("n_inner", self.n_inner)
+        if self.n_kv_head is not None:
+            _check_positive_int("n_kv_head", self.n_kv_head)
+            if self.n_head % self.n_kv_head != 0:
+                raise ConfigError("n_kv_head", f"{self.n_kv_head} does not divide n_head={self.n_head}; each key and "
+                                               "value head serves a whole group of query heads")
         for name, allowed in (
             ("pos_embedding", POS_EMBEDDINGS),
             ("norm", NORMS),
@@ -161,7 +181,7 @@ class GPTConfig:
         return cls.from_dict({**PRESETS[name], **overrides})
 
 
-_ADDED_LATER = frozenset({"final_norm"})
+_ADDED_LATER = frozenset({"final_norm", "n_kv_head"})
 
 
 def _is_number(value: Any) -> bool:

@@ -76,12 +76,13 @@ class KVCache:
     """Keys and values of every layer for the positions seen so far, so decoding one new token
     costs one position of work instead of the whole sequence.
 
-    Preallocated to `block_size` positions: (n_layer, B, H, block_size, hs) for keys and values.
+    Preallocated to `block_size` positions: (n_layer, B, H_kv, block_size, hs) for keys and values,
+    with H_kv the key/value heads (n_head, or fewer under grouped-query attention).
     The caller (the sampler) must start a fresh cache before the sequence outgrows the context.
     """
 
     def __init__(self, config: GPTConfig, batch_size: int, device=None, dtype=torch.float32):
-        shape = (config.n_layer, batch_size, config.n_head, config.block_size, config.head_dim)
+        shape = (config.n_layer, batch_size, config.kv_heads, config.block_size, config.head_dim)
         # empty, not zeros: a position is always written before it is read (update slices to `end`)
         self.k = torch.empty(shape, device=device, dtype=dtype)
         self.v = torch.empty(shape, device=device, dtype=dtype)
@@ -89,25 +90,29 @@ class KVCache:
         self.block_size = config.block_size
 
     def update(self, layer: int, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Store k, v (B, H, T, hs) after the cached positions; return all keys and values so far."""
+        """Store k, v (B, H_kv, T, hs) after the cached positions; return all keys and values so far."""
         start, end = self.length, self.length + k.shape[2]
         self.k[layer, :, :, start:end] = k
         self.v[layer, :, :, start:end] = v
-        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H, end, hs)
+        return self.k[layer, :, :, :end], self.v[layer, :, :, :end]  # (B, H_kv, end, hs)
 
     def advance(self, n: int) -> None:
         self.length += n
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head self-attention where each position sees itself and the past only (stations 8-10)."""
+    """Multi-head self-attention where each position sees itself and the past only (stations 8-10).
+    With n_kv_head below n_head (grouped-query attention) c_attn makes fewer key and value heads,
+    and each serves n_head / n_kv_head query heads side by side."""
 
     def __init__(self, config: GPTConfig, layer: int):
         super().__init__()
         self.n_head = config.n_head
         self.n_embd = config.n_embd
+        self.n_kv_head = config.kv_heads
         self.layer = layer
-        self.c_attn = nn.Linear(config.n_embd, 3 * config.n_embd, bias=config.qkv_bias)  # W_Q, W_K, W_V fused
+        kv_width = config.kv_heads * config.head_dim  # C, or less when query heads share keys and values
+        self.c_attn = nn.Linear(config.n_embd, config.n_embd + 2 * kv_width, bias=config.qkv_bias)  # W_Q, W_K, W_V fused
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=config.proj_bias)  # W_O
         self.attn_dropout = nn.Dropout(config.dropout)
         self.resid_dropout = nn.Dropout(config.dropout)
@@ -132,17 +137,21 @@ class CausalSelfAttention(nn.Module):
         attention weights (B, H, T, T_keys) are appended to it.
         """
         B, T, C = x.shape
-        qkv = self.c_attn(x)  # (B, T, 3C)
+        hs, H_kv = C // self.n_head, self.n_kv_head
+        qkv = self.c_attn(x)  # (B, T, C + 2 * H_kv * hs): 3C without grouped-query attention
         dropout_p = self.dropout if self.training else 0.0
-        q, k, v = qkv.split(self.n_embd, dim=2)  # (B, T, C) each
-        q = q.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
-        k = k.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
-        v = v.view(B, T, self.n_head, C // self.n_head).transpose(1, 2)  # (B, H, T, hs)
+        q, k, v = qkv.split((C, H_kv * hs, H_kv * hs), dim=2)  # (B, T, C), (B, T, H_kv * hs) twice
+        q = q.view(B, T, self.n_head, hs).transpose(1, 2)  # (B, H, T, hs)
+        k = k.view(B, T, H_kv, hs).transpose(1, 2)  # (B, H_kv, T, hs)
+        v = v.view(B, T, H_kv, hs).transpose(1, 2)  # (B, H_kv, T, hs)
         if rope is not None:
             q = apply_rope(q, *rope)
             k = apply_rope(k, *rope)
         if kv_cache is not None:
-            k, v = kv_cache.update(self.layer, k, v)  # (B, H, T_keys, hs)
+            k, v = kv_cache.update(self.layer, k, v)  # (B, H_kv, T_keys, hs)
+        if H_kv != self.n_head:  # each key/value head serves n_head / H_kv query heads, side by side
+            k = k.repeat_interleave(self.n_head // H_kv, dim=1)  # (B, H, T_keys, hs)
+            v = v.repeat_interleave(self.n_head // H_kv, dim=1)  # (B, H, T_keys, hs)
         T_keys = k.shape[2]
         causal = allowed is None and T > 1
         if allowed is None and T != T_keys and T > 1:

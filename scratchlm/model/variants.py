@@ -1,15 +1,16 @@
 """The config's variant fields, and what each adapter declares it supports of them.
 
 A variant field picks one of a few ways to compute a part of the model: how position enters, which
-norm, which activation, where the norm sits, and six switches. scratchlm.model.gpt computes every
-value, and so does the NumPy twin (scratchlm.reference). An adapter is code that reads a model by
-itself and so could go silently wrong on a value it has never seen: a fast path (the training copy,
-the decoding copy, the fused decoding step), an exporter (each Hugging Face architecture, each
-llama.cpp one) or a count (FLOPs, memory). Each declares a `Supports`: an allow-list, written out
-value by value, over every variant field. `Supports.first_unsupported(config)` names the first field
-whose value is not on the list; a fast path then declines (the model's own code runs) and an
-exporter or a count refuses with that line. A value added to the config is on no list until an
-adapter opts in, so it makes every adapter decline rather than fall through.
+norm, which activation, where the norm sits, six switches, and whether query heads share key and
+value heads (`grouped_kv`, read off `n_kv_head`). scratchlm.model.gpt computes every value, and so
+does the NumPy twin (scratchlm.reference). An adapter is code that reads a model by itself and so
+could go silently wrong on a value it has never seen: a fast path (the training copy, the decoding
+copy, the fused decoding step), an exporter (each Hugging Face architecture, each llama.cpp one) or
+a count (FLOPs, memory). Each declares a `Supports`: an allow-list, written out value by value,
+over every variant field. `Supports.first_unsupported(config)` names the first field whose value is
+not on the list; a fast path then declines (the model's own code runs) and an exporter or a count
+refuses with that line. A value added to the config is on no list until an adapter opts in, so it
+makes every adapter decline rather than fall through.
 """
 
 from __future__ import annotations
@@ -30,11 +31,12 @@ def variant_fields() -> dict[str, tuple]:
     fields: dict[str, tuple] = {"pos_embedding": c.POS_EMBEDDINGS, "norm": c.NORMS, "activation": c.ACTIVATIONS,
                                 "norm_position": c.NORM_POSITIONS}
     fields.update({name: (True, False) for name in SWITCHES})
+    fields["grouped_kv"] = (True, False)  # n_kv_head below n_head: query heads share keys and values
     return fields
 
 
 def variant_of(config: Any) -> dict[str, Any]:
-    """The value of every variant field in `config`."""
+    """The value of every variant field in `config` (grouped_kv is read off n_kv_head)."""
     return {name: getattr(config, name) for name in variant_fields()}
 
 
