@@ -67,7 +67,7 @@ from scratchlm.kernels.decoding_copy import Decoder  # noqa: E402
 from scratchlm.generation.engine import Engine  # noqa: E402
 from scratchlm.generation.settings import GenerationSettings  # noqa: E402
 from scratchlm.kernels import cpu_kernels, kernel_status, selected_variant  # noqa: E402
-from scratchlm.machine.doctor import copy_bandwidth, read_bandwidth  # noqa: E402
+from scratchlm.machine.cpu import copy_bandwidth, read_bandwidth  # noqa: E402
 from scratchlm.model.gpt import GPT  # noqa: E402
 
 TARGET_SHAPE = "gpt2-124m"
@@ -81,7 +81,7 @@ PAIRED = {"ours fp32": "fp32", "ours bf16": "bf16"}  # our decoders whose runs g
 
 def memory_bandwidth(megabytes: int = 256, passes: int = 5, copy: bool = True) -> dict[str, float]:
     """GB/s read by torch.sum over a float32 array far larger than the caches, with the current
-    thread count, the best of `passes` (scratchlm.machine.doctor's probes, which `scratchlm doctor`
+    thread count, the best of `passes` (scratchlm.machine.cpu's probes, which `scratchlm doctor`
     prints). copy: also a copy into a second array (read + write)."""
     out = {"read_gb_s": read_bandwidth(megabytes, passes), "array_mb": megabytes}
     if copy:

@@ -131,7 +131,7 @@ def run(repeats: int = 10, threads: int | None = None) -> dict[str, Any]:
     import llama_cpp
 
     from scratchlm.gguf.export import export_gguf
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     before = torch.get_num_threads()
     if threads:

@@ -64,7 +64,7 @@ def time_generate(run: Path, threads: int | None = None) -> tuple[float, str]:
     torch's default threads or at `threads`."""
     import torch
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.generation.engine import Engine
 
     model, tokenizer, _ = load_model(run)

@@ -65,7 +65,7 @@ def _verse(run: Path, seed: int) -> dict[str, Any]:
     """SAMPLES continuations of the prompt with generate's defaults, counted with the prompt's line."""
     from scratchlm.generation.generate import generate
     from scratchlm.text.verse import VerseCounts, count
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     model, tokenizer, _ = load_model(run)
     texts = generate(model, tokenizer, PROMPT, max_new_tokens=TOKENS, num_samples=SAMPLES, seed=seed).texts

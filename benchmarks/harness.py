@@ -75,7 +75,7 @@ def machine() -> dict[str, Any]:
         hf = transformers.__version__
     except ImportError:
         hf = None
-    from scratchlm.machine import doctor
+    from scratchlm.cli import doctor
 
     return {
         "doctor": doctor.facts(measure=True),  # what `scratchlm doctor` prints: flags, bf16, kernels, probes

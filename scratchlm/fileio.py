@@ -63,7 +63,7 @@ def why_write_failed(exc: BaseException) -> str:
 
 STAGED_PREFIX = ".tmp-"
 """How a folder staged beside its final place begins: `.tmp-NAME-XXXXXXXX` (staged_name), what a
-kill before its rename leaves (scratchlm.training.checkpoint writes them, others find them by this)."""
+kill before its rename leaves (scratchlm.checkpoint writes them, others find them by this)."""
 ASIDE_PREFIX = ".old-"
 """How a folder moved aside to be replaced begins: `.old-NAME-XXXXXXXX`, removed after the swap."""
 ATOMIC_SUFFIX = ".tmp"

@@ -125,7 +125,7 @@ def _tensors(ckpt: Path) -> dict:
     """Every tensor of a checkpoint: its weights and its optimizer state, by name."""
     import torch
 
-    from scratchlm.training.checkpoint import load_training_state
+    from scratchlm.checkpoint import load_training_state
     from safetensors.torch import load_file
 
     out = {f"w.{k}": v for k, v in load_file(str(ckpt / "model.safetensors")).items()}
@@ -148,7 +148,7 @@ def _judge(run: Path, ref: Path, done: int, code: int, number: int, log) -> dict
     """What a kill left: the step `latest` names (it must load whole) and whether that checkpoint
     is bit-identical to the reference's of the same step; None when there is no checkpoint yet."""
     from scratchlm.fileio import STAGED_PREFIX
-    from scratchlm.training.checkpoint import latest_checkpoint, load_model
+    from scratchlm.checkpoint import latest_checkpoint, load_model
 
     mid_save = any(run.glob(STAGED_PREFIX + "*"))  # the kill landed inside a checkpoint write
     after = latest_checkpoint(run)
@@ -167,7 +167,7 @@ def _judge(run: Path, ref: Path, done: int, code: int, number: int, log) -> dict
 def _fresh_or_resume(run: Path, fresh_argv: list[str]) -> tuple[list[str], int, bool]:
     """(argv, step it starts from, whether the folder was deleted): a run folder without a
     checkpoint (killed before its first) cannot be resumed, so it is deleted and started afresh."""
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
 
     latest = latest_checkpoint(run)
     if latest is not None:
@@ -201,7 +201,7 @@ def run_kill_resume(kills: int, steps: int | None = None, seed: int = 0, workdir
                     log=print, first_kill_before_checkpoint: bool = False) -> dict:
     """Train a reference run, then the same run through `kills` SIGKILLs and resumes; compare.
     first_kill_before_checkpoint: the first kill lands before the run's first step (see above)."""
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
 
     steps = steps or max(40, 6 * kills)
     own_dir = workdir is None

@@ -50,7 +50,7 @@ MODULES: dict[str, tuple[str, list[str]]] = {
     "train": ("training/train.py", ["tests/test_train.py", "tests/test_fused_loss.py::test_training_with_and_without_fused_loss_gives_the_same_losses",
                            "-m", "not slow"]),
     # checkpoint's writes under failure (full disk, kills, stale temp folders) are tested in test_crash
-    "checkpoint": ("training/checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
+    "checkpoint": ("checkpoint.py", ["tests/test_checkpoint.py", "tests/test_crash.py"]),
     "data": ("data/preparation.py", ["tests/test_data_preparation.py", "tests/test_data_bad_input.py"]),
 }
 
@@ -102,7 +102,7 @@ HAND_MUTATIONS = [
     ("--init_from loads the source run's AdamW state", "training/train.py",
      "        state = restore_run(setup, parts) if setup.resume_ckpt is not None else TrainState()\n",
      "        state = restore_run(setup, parts) if setup.resume_ckpt is not None else TrainState()\n"
-     "        if setup.source is not None:\n            from scratchlm.training import checkpoint as ckpt_io\n\n"
+     "        if setup.source is not None:\n            from scratchlm import checkpoint as ckpt_io\n\n"
      "            parts.optimizer.load_state_dict(ckpt_io.load_training_state("
      "ckpt_io.resolve_checkpoint(cfg.init_from))[0][\"optimizer\"])\n",
      ["tests/test_schedule_and_saving.py::test_init_from_starts_a_fresh_adamw"]),
@@ -115,7 +115,7 @@ HAND_MUTATIONS = [
     ("keep_last not passed when training saves", "training/resume.py",
      "keep_last=cfg.keep_last or None", "keep_last=None",
      ["tests/test_schedule_and_saving.py::test_training_keeps_only_the_last_checkpoints_it_is_told_to"]),
-    ("prune_checkpoints deletes the checkpoint latest names", "training/checkpoint.py",
+    ("prune_checkpoints deletes the checkpoint latest names", "checkpoint.py",
      "keep = {latest_checkpoint(run_dir)}", "keep = set()",
      ["tests/test_schedule_and_saving.py::test_pruning_never_deletes_the_checkpoint_latest_names"]),
     ("mid-run validation on the training tokens", "training/train.py",
@@ -137,7 +137,7 @@ HAND_MUTATIONS = [
     ("tokens per step not multiplied by the world size", "training/setup.py",
      "self.cfg.grad_accum * self.d.world_size", "self.cfg.grad_accum",
      ["tests/test_ddp_accounting.py::test_two_processes_count_both_processes_tokens_and_report_mfu_per_device"]),
-    ("a saved model config missing a field loads with defaults (complete=True flipped)", "training/checkpoint.py",
+    ("a saved model config missing a field loads with defaults (complete=True flipped)", "checkpoint.py",
      'GPTConfig.from_dict(self.model, complete=True)', 'GPTConfig.from_dict(self.model, complete=False)',
      ["tests/test_schedule_and_saving.py::test_a_saved_model_config_missing_a_field_is_refused"]),
     ("a saved training config missing a field resumes with defaults (complete=True flipped)", "training/resume.py",

@@ -41,7 +41,7 @@ os.dup2(said.fileno(), 1)
 os.dup2(said.fileno(), 2)
 import torch  # noqa: F401
 import safetensors.torch, tokenizers  # noqa: F401
-import scratchlm.cli.main, scratchlm.training.checkpoint, scratchlm.generation.generate, scratchlm.hf.interop, scratchlm.training.train  # noqa: F401
+import scratchlm.cli.main, scratchlm.checkpoint, scratchlm.generation.generate, scratchlm.hf.interop, scratchlm.training.train  # noqa: F401
 sys.stdout.flush(); sys.stderr.flush()
 os.dup2(err, 2)
 os.dup2(os.open(os.devnull, os.O_WRONLY), 1)

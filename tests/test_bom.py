@@ -42,7 +42,7 @@ def checkpoint(tmp_path) -> Path:
     tok = CharTokenizer(TEXT)
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=16, n_layer=1, n_head=2, n_embd=16))
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
 
     return save_model_checkpoint(model, tok, tmp_path / "ckpt")
 

@@ -19,7 +19,7 @@ import torch
 from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 
 TINY = dict(vocab_size=37, block_size=16, n_layer=2, n_head=2, n_embd=16)
 
@@ -153,7 +153,7 @@ def test_writer_failing_halfway_leaves_latest_loadable(tmp_path, monkeypatch):
 _SAVER = textwrap.dedent(
     """
     import sys, torch
-    from scratchlm.training import checkpoint as ck
+    from scratchlm import checkpoint as ck
     from scratchlm.model.config import GPTConfig
     from scratchlm.model.gpt import GPT
     run_dir = sys.argv[1]
@@ -253,7 +253,7 @@ def test_saving_over_a_folder_leaves_only_the_new_one(tmp_path):
     """A second save of the tokenizer into the same place swaps the new folder in and removes the
     old one: the folder holds exactly what the new save wrote, and nothing else is left beside it
     (no `.old-*`, no temp folder)."""
-    from scratchlm.training.checkpoint import save_tokenizer
+    from scratchlm.checkpoint import save_tokenizer
     from scratchlm.text.tokenizer import CharTokenizer, load_tokenizer
 
     save_tokenizer(CharTokenizer("abc"), tmp_path)

@@ -428,7 +428,7 @@ def test_train_reads_bad_bytes_with_errors_replace(tmp_path):
     replaced = subprocess.run([*base, "--out_dir", str(tmp_path / "b"), "--errors", "replace"], capture_output=True,
                               text=True, env=env)
     assert replaced.returncode == 0, replaced.stderr
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     _, tok, _ = load_model(tmp_path / "b")
     assert "\ufffd" in tok.chars  # the bad byte became the replacement character

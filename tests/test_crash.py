@@ -26,7 +26,7 @@ import torch
 from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = dict(vocab_size=37, block_size=16, n_layer=1, n_head=2, n_embd=16)

@@ -197,7 +197,7 @@ def test_dtype_option_is_checked():
 
 
 def test_generate_text_in_bfloat16_and_on_the_command_line(tmp_path, capsys):
-    checkpoint = pytest.importorskip("scratchlm.training.checkpoint")
+    checkpoint = pytest.importorskip("scratchlm.checkpoint")
     from scratchlm.cli.main import main
     from scratchlm.text.tokenizer import CharTokenizer
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch.distributed as dist
 
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 
 pytestmark = [
     pytest.mark.slow,

@@ -74,7 +74,7 @@ def test_doctor_follows_the_switches(tmp_path):
 
 
 def test_doctor_says_how_to_get_a_cjk_font_when_there_is_none(monkeypatch, capsys):
-    from scratchlm.machine import doctor
+    from scratchlm.cli import doctor
     from scratchlm.cli.main import main
 
     monkeypatch.setattr(doctor, "_cjk_font", lambda: None)

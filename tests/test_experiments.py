@@ -165,7 +165,7 @@ def test_b_where_the_norm_sits(capsys):
 def _val_loss(run_dir: Path, text: str) -> float:
     """Mean next-token cross-entropy over the last 10% of the run's token stream (BOS + text),
     in windows of 32 that do not overlap, from the logits and a log-softmax computed here."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     model, tokenizer, _ = load_model(run_dir)
     stream = [tokenizer.bos_id] + tokenizer.encode(text)
@@ -289,7 +289,7 @@ def test_d_a_tiny_model_memorises_one_sentence_and_never_sees_the_future(capsys,
     first = float(re.search(r"step 1/300: loss (\S+),", out).group(1))
     assert abs(first - math.log(V)) < 0.1, first
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     model, tokenizer, _ = load_model(tmp_path / "runs" / "one")
     floor = loss_floor(SENTENCE, 32)

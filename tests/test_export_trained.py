@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from scratchlm.training.checkpoint import load_model
+from scratchlm.checkpoint import load_model
 
 transformers = pytest.importorskip("transformers")
 

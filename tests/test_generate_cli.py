@@ -23,7 +23,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")  # see tests/conftest.p
 
 @pytest.fixture
 def char_checkpoint(tmp_path):
-    checkpoint = pytest.importorskip("scratchlm.training.checkpoint")
+    checkpoint = pytest.importorskip("scratchlm.checkpoint")
     tokenizer_module = pytest.importorskip("scratchlm.text.tokenizer")
     tok = tokenizer_module.CharTokenizer("abcdefgh \n")
     model = tiny_model(seed=23, vocab_size=tok.vocab_size)  # a seed whose greedy text varies
@@ -158,7 +158,7 @@ def test_generated_text_leaves_special_tokens_out_as_the_exported_model_does(tmp
     CLI print what transformers prints for the exported model, decode(skip_special_tokens=True)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.hf.interop import export_hf
     from scratchlm.text.tokenizer import BOS, CharTokenizer
 

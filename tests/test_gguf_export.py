@@ -14,7 +14,7 @@ import torch
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.text.tokenizer import CharTokenizer
-from scratchlm.training.checkpoint import save_model_checkpoint
+from scratchlm.checkpoint import save_model_checkpoint
 
 TEXT = "ROMEO: But soft, what light through yonder window breaks?\n床前明月光\n"
 BABY = dict(block_size=32, n_layer=2, n_head=2, n_embd=32)

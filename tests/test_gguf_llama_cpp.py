@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from scratchlm.gguf.export import export_gguf
-from scratchlm.training.checkpoint import load_model
+from scratchlm.checkpoint import load_model
 
 import helpers
 from helpers import llama_cpp_answers as llama, llama_cpp_scores as llama_scores

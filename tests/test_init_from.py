@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from scratchlm.errors import UserError
-from scratchlm.training.checkpoint import load_model
+from scratchlm.checkpoint import load_model
 from scratchlm.training.scoring import score_ids
 from scratchlm.training.train import TrainConfig, train
 

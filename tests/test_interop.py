@@ -442,7 +442,7 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 
 
 def test_cli_export_and_import(tmp_path):
-    from scratchlm.training.checkpoint import load_model, save_model_checkpoint
+    from scratchlm.checkpoint import load_model, save_model_checkpoint
 
     # export-hf: a checkpoint -> a directory transformers loads
     cfg = GPTConfig(vocab_size=97, block_size=48, n_layer=2, n_head=4, n_embd=32)
@@ -465,7 +465,7 @@ def test_cli_export_and_import(tmp_path):
 
 
 def test_cli_refusals_are_one_error_line(tmp_path):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
 
     post = GPT(GPTConfig(vocab_size=50, block_size=16, n_layer=1, n_head=2, n_embd=16, norm_position="post"))
     save_model_checkpoint(post, None, tmp_path / "ckpt")
@@ -506,7 +506,7 @@ def _renumbered_char_export(tmp_path: Path, seed: int, drop: str = "") -> Path:
 
 @pytest.mark.parametrize("drop", ["", "Rbw"], ids=["permuted", "permuted-with-3-gaps"])
 def test_import_hf_keeps_a_char_tokenizers_ids_as_transformers_reads_them(tmp_path, drop):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     hf_dir = _renumbered_char_export(tmp_path, seed=3, drop=drop)
     hf = AutoTokenizer.from_pretrained(hf_dir, local_files_only=True)

@@ -71,7 +71,7 @@ def test_inspect_smoke_text_and_json_agree(capsys):
 
 
 def test_inspect_checkpoint_reads_the_saved_model(tmp_path, capsys):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
 
     model = _model(activation="swiglu")
     save_model_checkpoint(model, None, tmp_path / "ckpt")
@@ -305,7 +305,7 @@ def test_explicit_attention_weights_are_causal_distributions_and_reproduce_sdpa(
 
 
 def _char_checkpoint(tmp_path, text: str, **overrides):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.text.tokenizer import CharTokenizer
 
     tok = CharTokenizer.train([text])

@@ -218,7 +218,7 @@ def test_a_variant_this_cpu_cannot_run_is_not_built(monkeypatch):
 
 
 @MACHINERY
-@pytest.mark.skipif(sys.platform != "linux" or kernels._compiler() is None, reason="needs Linux and a C compiler")
+@pytest.mark.skipif(sys.platform != "linux" or kernels.compiler() is None, reason="needs Linux and a C compiler")
 def test_flags_the_compiler_refuses_are_dropped_in_turn(tmp_path):
     """A compiler that knows neither -march=native nor -fopenmp (some aarch64 and macOS clang
     set-ups): the library is still built, without them, runs on one thread and computes the
@@ -226,7 +226,7 @@ def test_flags_the_compiler_refuses_are_dropped_in_turn(tmp_path):
     fake = tmp_path / "picky-cc"
     fake.write_text("#!/bin/sh\nfor a in \"$@\"; do case \"$a\" in -march=native|-mcpu=native|-fopenmp) "
                     "echo \"picky-cc: unknown option $a\" >&2; exit 1;; esac; done\n"
-                    f"exec {kernels._compiler()} \"$@\"\n")
+                    f"exec {kernels.compiler()} \"$@\"\n")
     fake.chmod(0o755)
     code = ("from scratchlm import kernels\nimport torch\nk = kernels.cpu_kernels()\nprint(k.flags)\n"
             "w = torch.randn(64, 40).bfloat16(); x = torch.randn(3, 40)\n"

@@ -155,7 +155,7 @@ def _commands(b: Path, out: Path) -> dict[str, tuple[list[str], list[str], str]]
 def test_attention_maps_refuse_a_prompt_whose_maps_do_not_fit(base, tmp_path, monkeypatch, capsys):
     """Every layer's (T, T) weights for a 15-token prompt (about 20 KB here) against 8 KB free; 3
     tokens (about 3 KB) fit. The model's own load is checked elsewhere (load_model), off here."""
-    from scratchlm.training import checkpoint
+    from scratchlm import checkpoint
 
     monkeypatch.setattr(checkpoint, "check_model_fits", lambda *args, **kwargs: None)
     monkeypatch.setattr(memory, "available_bytes", lambda device: 8_000)

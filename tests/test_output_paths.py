@@ -31,7 +31,7 @@ from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.runlock import RunLock
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 from helpers import TINY_MODEL, train_tiny_run, tree_hashes, write_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -512,7 +512,7 @@ def test_a_full_disk_while_a_run_saves_its_tokenizer_names_it_and_leaves_nothing
 _KILL_IN_TOKENIZER_SAVE = """
 import os, signal
 from pathlib import Path
-import scratchlm.training.checkpoint as ck
+import scratchlm.checkpoint as ck
 real = ck._fsync_path
 def fsync_then_die(path):
     real(path)

@@ -98,7 +98,7 @@ def test_a_second_writer_is_refused_and_a_killed_one_blocks_nobody(tmp_path):
 _PAUSE_INSIDE_EACH_SAVE = """
 import os, time
 from pathlib import Path
-import scratchlm.training.checkpoint as ck
+import scratchlm.checkpoint as ck
 real = ck._fsync_path
 def fsync_and_wait(path):
     real(path)
@@ -120,7 +120,7 @@ sys.exit(main(sys.argv[1:]))
 def test_a_reader_generating_from_latest_during_each_save_always_finds_a_whole_checkpoint(tmp_path):
     import torch
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.generation.generate import generate
 
     base = tmp_path

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from scratchlm.errors import UserError
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 from scratchlm.training.train import TrainConfig, learning_rate, resume_config, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -91,7 +91,7 @@ def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys, layout
     """`scratchlm eval --json` against the model transformers loads offline from `export-hf`'s
     folder (GPT-2, GPT-NeoX or Llama), fed the same ids window by window, scoring the same targets."""
     transformers = pytest.importorskip("transformers")
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.cli.main import main
     from scratchlm.hf.interop import export_hf
 
@@ -118,7 +118,7 @@ def test_eval_equals_transformers_on_the_exported_model(tmp_path, capsys, layout
 
 
 def test_eval_refuses_bad_input_with_one_line(tmp_path, capsys):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.cli.main import main
 
     tok = CharTokenizer("abc ")

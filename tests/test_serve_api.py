@@ -88,7 +88,7 @@ def test_the_page_and_its_files_come_from_the_package(served):
 
 def test_attention_weights_equal_the_numpy_reference(served, runs):
     """Every layer and head, against the NumPy twin's forward pass in float64."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
 
     text = "月光 and the king"

@@ -38,7 +38,7 @@ def served_view(folder):
 def reference(run, ids) -> np.ndarray:
     """(L, H, T, T) attention weights from the NumPy reference's float64 forward pass."""
     from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     model = load_model(run)[0]
     params = params_from_state_dict({k: v.double() for k, v in model.state_dict().items()})
@@ -47,7 +47,7 @@ def reference(run, ids) -> np.ndarray:
 
 
 def encode(run, text: str) -> list[int]:
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     return load_model(run)[1].encode(text)
 
@@ -66,7 +66,7 @@ def test_ids_are_an_alternative_to_text(served, runs):
     np.testing.assert_allclose(weights, reference(runs / "mixed", ids), atol=1e-5)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)
     # ids the text cannot give: one token alone, and the highest id there is
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     vocab = load_model(runs / "mixed")[0].config.vocab_size
     got, data = request(served.port, "POST", "/api/attention", {"run": "mixed", "ids": [vocab - 1, 0]})
@@ -91,7 +91,7 @@ def test_ids_are_an_alternative_to_text(served, runs):
     ({"ids": [10**30]}, "ids: token ids are 0..VMAX for this model, got 100000000000000000000000"),
 ])
 def test_bad_ids_get_one_error_line(served, runs, body, words):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     vocab = load_model(runs / "mixed")[0].config.vocab_size
     if body.get("ids") == [1, "VOCAB"]:

@@ -92,7 +92,7 @@ def test_the_streamed_text_is_what_scratchlm_generate_prints(page, runs, prompt)
 def test_pointing_at_a_token_shows_the_models_own_probabilities(page, runs):
     """For several tokens of a sampled stream: the popup's alternatives and percentages are the
     softmax of the model's plain forward pass over the prompt and the tokens before it."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     _generate(page, "The ", 30, temperature=1.3, seed=5)
     model, tokenizer, _ = load_model(runs / "mixed")
@@ -172,7 +172,7 @@ def _attention(page, text: str) -> dict:
 
 
 def test_the_attention_tab_draws_every_layer_and_head(page, runs):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
 
     text = "The king 明月"
@@ -248,7 +248,7 @@ def _check_fonts(page, selectors) -> int:
 
 
 def test_the_inside_tab_shows_the_parameter_table_and_the_walkthrough(page, runs):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     page.goto(page.base + "#inside")
     page.wait_for_selector("#inside-params tr.param")

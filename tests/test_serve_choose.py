@@ -94,7 +94,7 @@ def test_the_draw_follows_the_distribution_shown():
 def test_each_token_event_carries_the_draws_probability_beside_the_models(served, runs):
     """q of every token (and of its top five) against numpy_q of the model's plain forward pass
     over the sequence so far; a drawn token always had q > 0."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     options = dict(temperature=1.3, top_k=4, repetition_penalty=1.3)
     events = events_of(served.port, {"run": "mixed", "prompt": "ROMEO:", "max_new_tokens": 20, "seed": 5, **options})
@@ -122,7 +122,7 @@ def test_a_continuation_takes_the_given_tokens_then_goes_on_from_them(served, ru
     """The forced ids come back first, marked forced, with the text they make; what follows is
     what a greedy generation from the prompt and those tokens gives (the command line's, from
     the same text as its prompt: the char tokenizer encodes it to the same ids)."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     _, tokenizer, _ = load_model(runs / "mixed")
     forced = tokenizer.encode("nobody ") + tokenizer.encode("霜")
@@ -138,7 +138,7 @@ def test_a_continuation_takes_the_given_tokens_then_goes_on_from_them(served, ru
 
 
 def test_a_forced_token_that_the_filters_would_drop_has_q_0(served, runs):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     _, tokenizer, _ = load_model(runs / "mixed")
     events = events_of(served.port, {"run": "mixed", "prompt": "ROMEO:", "max_new_tokens": 3, "top_k": 1,

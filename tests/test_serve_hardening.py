@@ -389,7 +389,7 @@ def test_a_run_name_that_is_a_path_never_reaches_a_run(tmp_path, runs, name):
 def test_the_listing_never_reads_a_checkpoint_linked_from_outside(tmp_path, runs):
     """A run whose checkpoint folder is a symlink out of --runs: listed with an error, and
     nothing of the outside config (its step, its model) in the listing."""
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
     from scratchlm.serve.library import RunLibrary, UnknownRun
 
     folder = tmp_path / "runs"
@@ -411,7 +411,7 @@ def test_the_listing_never_reads_a_checkpoint_linked_from_outside(tmp_path, runs
 
 
 def test_one_bad_run_never_hides_the_others(tmp_path, runs):
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
     from scratchlm.serve.library import RunLibrary
 
     folder = tmp_path / "runs"

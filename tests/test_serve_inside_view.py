@@ -21,7 +21,7 @@ LONG = "The king speaks to the queen of the night. " * 2  # 86 characters: more 
 @pytest.fixture(scope="module")
 def trained(runs):
     """The served run's model (float32, as saved) and tokenizer, loaded here on their own."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     model, tokenizer, _ = load_model(runs / "mixed")
     return model.eval(), tokenizer

@@ -71,7 +71,7 @@ def test_a_run_trained_again_under_the_same_checkpoint_name_is_loaded_afresh(tmp
 
     from safetensors.torch import load_file, save_file
 
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
     from scratchlm.serve.library import RunLibrary
 
     folder = tmp_path / "runs"
@@ -97,7 +97,7 @@ def test_a_checkpoint_served_alone_says_when_its_run_is_training(tmp_path, runs)
     """`serve --checkpoint RUN/ckpt_N`: the lock that says "training" is the run folder's."""
     import shutil
 
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
     from scratchlm.runlock import RunLock
     from scratchlm.serve.app import Limits
     from scratchlm.serve.library import RunLibrary, describe

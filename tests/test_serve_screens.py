@@ -276,7 +276,7 @@ def test_end_states_in_plain_words(browser, served_screens, answer, words):
 
 @CROPPED
 def test_the_cropped_note_stays_when_the_stream_ends(screen, folder):
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     prompt = "ROMEO: " * 20
     assert len(prompt) > load_model(folder / "trained")[0].config.block_size  # a character tokenizer

@@ -54,7 +54,7 @@ def test_the_greedy_stream_equals_scratchlm_generate(served, runs, prompt):
 def test_sampled_streams_equal_the_command_line_with_the_same_seed(served, runs):
     options = {"temperature": 0.9, "top_k": 20, "top_p": 0.95, "repetition_penalty": 1.1, "seed": 123}
     events = generate_events(served.port, {"run": "mixed", "prompt": "The ", "max_new_tokens": 50, **options})
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     _, tokenizer, _ = load_model(runs / "mixed")
     assert events[0] == ("start", {"prompt_ids": 4, "start_ids": tokenizer.encode("The "), "cropped": False,
@@ -68,7 +68,7 @@ def test_each_tokens_probabilities_are_the_models_softmax(served, runs):
     """p and the top 5 of every token event against the model's plain forward pass over the
     prompt and the tokens so far (float64, no cache, no decoding copy), with a sampled stream so
     that the chosen token is often not the top one."""
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
 
     events = generate_events(served.port, {"run": "mixed", "prompt": "ROMEO:", "max_new_tokens": 25, "seed": 7,
                                            "temperature": 1.5})

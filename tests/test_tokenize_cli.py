@@ -106,7 +106,7 @@ def test_gpt2_ids_equal_tiktoken(capsys, name):
 
 
 def test_a_runs_tokenizer_and_the_text_view(tmp_path, capsys):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.model.config import GPTConfig
     from scratchlm.model.gpt import GPT
     from scratchlm.text.tokenizer import CharTokenizer

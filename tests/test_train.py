@@ -16,7 +16,7 @@ import torch
 from scratchlm.cli.main import main as cli_main
 from scratchlm.errors import UserError
 from scratchlm.model.gpt import GPT
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 from scratchlm.training.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
 
 from helpers import write_text

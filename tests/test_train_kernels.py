@@ -330,7 +330,7 @@ def test_a_cpu_run_trains_on_the_training_copy(monkeypatch, tmp_path):
     """scratchlm.training.parts attaches the training copy to the model a CPU run trains, and the
     checkpoint it writes loads into the model alone (the same parameter names)."""
     from helpers import train_tiny_run
-    from scratchlm.training import checkpoint as ckpt_io
+    from scratchlm import checkpoint as ckpt_io
 
     spy = _Spy(monkeypatch)
     out = train_tiny_run(tmp_path, tmp_path / "run", model_overrides=dict(n_layer=1, n_head=1, n_embd=16,

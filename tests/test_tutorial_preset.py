@@ -31,7 +31,7 @@ from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.reference.numpy_backward import gpt_backward
 from scratchlm.reference.numpy_gpt import forward_trace, params_from_state_dict
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

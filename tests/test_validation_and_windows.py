@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from scratchlm.data import BatchStream, read_split
-from scratchlm.training import checkpoint as ck
+from scratchlm import checkpoint as ck
 from scratchlm.training.train import TrainConfig, train
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -104,7 +104,7 @@ def test_cli_refuses_bad_walkthrough_input_with_one_line(capsys, argv, words):
 
 @pytest.fixture()
 def char_checkpoint(tmp_path):
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.model.gpt import GPT
     from scratchlm.text.tokenizer import CharTokenizer
 

@@ -69,7 +69,7 @@ def _load_model_for(args, default_preset: str):
     then costs no memory and no initialisation time."""
     overrides = model_overrides(args)
     if getattr(args, "checkpoint", None):
-        from scratchlm.training.checkpoint import load_model
+        from scratchlm.checkpoint import load_model
 
         if overrides:
             raise UserError("--checkpoint shows the model it holds; drop the model flags "
@@ -240,7 +240,7 @@ def _tokenizer_for(args, text: str):
     from scratchlm.text.tokenizer import get_tokenizer, train_tokenizer
 
     if args.checkpoint:
-        from scratchlm.training.checkpoint import load_tokenizer_near, resolve_checkpoint
+        from scratchlm.checkpoint import load_tokenizer_near, resolve_checkpoint
 
         tokenizer = load_tokenizer_near(resolve_checkpoint(args.checkpoint))
         if tokenizer is None:
@@ -254,7 +254,7 @@ def _tokenizer_for(args, text: str):
 
 
 def _walk_checkpoint(args) -> int:
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.inside.walkthrough import format_focus, walkthrough_json
     from scratchlm.inside.walkthrough_run import label_of, text_row, walk_limit, walk_run
     from scratchlm.inside.walkthrough_train import (default_targets, format_training_summary, training_json,
@@ -319,7 +319,7 @@ def _run_attention(args) -> int:
     import warnings
     from pathlib import Path
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.inside.attention_maps import attention_figure, attention_weights, save_figure, token_labels
     from scratchlm.outdir import check_not_input
 
@@ -387,7 +387,7 @@ def add_doctor(sub) -> None:
 
 
 def _run_doctor(args) -> int:
-    from scratchlm.machine import doctor
+    from scratchlm.cli import doctor
 
     facts = doctor.facts(measure=not args.no_measure)
     print(json.dumps(facts) if args.json else "\n".join(doctor.report(facts)))

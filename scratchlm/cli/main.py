@@ -42,7 +42,7 @@ def _run_export_hf(args) -> int:
 
     from safetensors import SafetensorError
 
-    from scratchlm.training.checkpoint import load_model, output_write_failed
+    from scratchlm.checkpoint import load_model, output_write_failed
     from scratchlm.hf.interop import export_hf
 
     model, tokenizer, _ = load_model(args.checkpoint)
@@ -80,7 +80,7 @@ def _run_export_gguf(args) -> int:
     from scratchlm.errors import UserError, check_output_file
     from scratchlm.gguf.export import check_replaceable, export_gguf
     from scratchlm.outdir import check_not_input
-    from scratchlm.training.checkpoint import load_model, output_write_failed
+    from scratchlm.checkpoint import load_model, output_write_failed
 
     check_output_file(args.out, ".gguf", "OUT", force=args.force)
     check_replaceable(args.out)
@@ -111,7 +111,7 @@ def _add_import_hf(sub) -> None:
 def _run_import_hf(args) -> int:
     from pathlib import Path
 
-    from scratchlm.training.checkpoint import save_model_checkpoint
+    from scratchlm.checkpoint import save_model_checkpoint
     from scratchlm.hf.interop import import_hf_dir, import_hf_tokenizer
 
     model = import_hf_dir(args.hf_dir)
@@ -318,7 +318,7 @@ def _run_generate(args) -> int:
     import os
     import warnings
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.machine.devices import pick_device
     from scratchlm.generation.engine import Engine
     from scratchlm.generation.sampling import MAX_NEW_TOKENS_LIMIT, check_length_penalty
@@ -414,7 +414,7 @@ def _add_eval(sub) -> None:
 def _run_eval(args) -> int:
     from pathlib import Path
 
-    from scratchlm.training.checkpoint import load_model
+    from scratchlm.checkpoint import load_model
     from scratchlm.machine.devices import pick_device
     from scratchlm.training.scoring import score_text
     from scratchlm.text.text_files import without_bom

@@ -38,7 +38,7 @@ from scratchlm.machine.flops import count_params
 from scratchlm.machine.memory import check_fits, footprint
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
-from scratchlm.training.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
+from scratchlm.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")

@@ -104,7 +104,7 @@ def _cache_dir() -> Path:
     return Path(env).expanduser() if env else cache_home() / "kernels"
 
 
-def _compiler() -> str | None:
+def compiler() -> str | None:
     for name in (os.environ.get("CC"), "cc", "gcc"):
         if name and shutil.which(name):
             return shutil.which(name)
@@ -371,7 +371,7 @@ def _load(variant: str) -> tuple[CpuKernels | None, str]:
         return None, f"not built on {sys.platform} (Linux only): PyTorch's operations"
     if variant not in runnable_variants():
         return None, f"not runnable: this CPU cannot execute variant {variant!r} (it can: {', '.join(runnable_variants())}): PyTorch's operations"
-    cc = _compiler()
+    cc = compiler()
     if cc is None:
         return None, "no C compiler found (set CC): PyTorch's operations"
     try:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 import os
 import platform
+import time
 from pathlib import Path
 
 from scratchlm.envflags import env_switch, stated_clock_ghz
@@ -229,3 +230,34 @@ def peak_flops_bound(dtype: str, threads: int) -> tuple[float, str] | None:
     ghz, clock_source = max_clock_ghz()
     flops, unit = per_cycle
     return cores * ghz * 1e9 * flops, f"{cores} cores x {ghz:g} GHz ({clock_source}) x {flops} FLOP/cycle ({unit})"
+
+
+def _best_gb_s(work, moved_bytes: int, passes: int) -> float:
+    """GB/s of the fastest of `passes` calls of work(), which moves `moved_bytes`: noise only ever
+    slows a pass down. One untimed call first touches every page."""
+    work()
+    best = 0.0
+    for _ in range(passes):
+        start = time.perf_counter()
+        work()
+        best = max(best, moved_bytes / (time.perf_counter() - start))
+    return best / 1e9
+
+
+def read_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
+    """Best GB/s of summing a float32 array of `megabytes`, far larger than the caches, with torch's
+    threads: the rate a batch-1 decoding step can read its weights at most."""
+    import torch
+
+    x = torch.ones(megabytes * 2**20 // 4)
+    return _best_gb_s(x.sum, x.numel() * 4, passes)
+
+
+def copy_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
+    """Best GB/s of copying a float32 array of `megabytes` into another, counting the read and the
+    write."""
+    import torch
+
+    x = torch.ones(megabytes * 2**20 // 4)
+    y = torch.empty_like(x)
+    return _best_gb_s(lambda: y.copy_(x), 2 * x.numel() * 4, passes)

@@ -168,7 +168,8 @@ def _attention_backward(x, layer: _Layer, d_out) -> np.ndarray:
     dv = np.swapaxes(weights, -1, -2) @ d_heads
     d_scores = softmax_backward(weights, d_weights) / math.sqrt(q.shape[-1])  # scores = q k^T / sqrt(hs)
     dq, dk = d_scores @ k, np.swapaxes(d_scores, -1, -2) @ q
-    n_head, n_kv = _cfg(cfg, "n_head"), _cfg(cfg, "n_kv_head") or _cfg(cfg, "n_head")
+    n_head, (rows, C) = _cfg(cfg, "n_head"), attn["c_attn"]["weight"].shape
+    n_kv = (rows - C) // 2 // (C // n_head)  # key/value heads: n_head, or fewer under grouped-query attention
     if n_kv != n_head:  # a key/value head served its group of query heads: it collects all their shares
         dk, dv = (t.reshape(*t.shape[:-3], n_kv, n_head // n_kv, *t.shape[-2:]).sum(axis=-3) for t in (dk, dv))
     if rope is not None:

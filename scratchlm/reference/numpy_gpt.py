@@ -93,7 +93,6 @@ __all__ = [
 # GPTConfig's defaults for the fields the forward pass reads (so a partial dict works too).
 _DEFAULTS: dict[str, Any] = dict(
     n_inner=None,
-    n_kv_head=None,
     pos_embedding="learned",
     norm="layernorm",
     norm_eps=1e-5,
@@ -285,16 +284,15 @@ def _put(trace: dict | None, key: str, value: Any) -> None:
 
 
 def mha(x: np.ndarray, c_attn: dict, c_proj: dict, n_head: int, allowed: np.ndarray,
-        rope: tuple[np.ndarray, np.ndarray] | None, trace: dict | None = None, prefix: str = "",
-        n_kv_head: int | None = None) -> np.ndarray:
+        rope: tuple[np.ndarray, np.ndarray] | None, trace: dict | None = None, prefix: str = "") -> np.ndarray:
     # [..., T, C] -> [..., T, C]
     """Causal multi-head self-attention: project to Q, K, V, attend per head, merge, project by W_O.
-    n_kv_head (grouped-query attention): K and V have that many heads, each repeated for the
-    n_head / n_kv_head query heads of its group; the trace's k and v are the repeated ones."""
+    Grouped-query attention (c_attn has fewer than 3C rows): K and V have fewer heads, each
+    repeated for the query heads of its group; the trace's k and v are the repeated ones."""
     C = x.shape[-1]
-    n_kv = n_head if n_kv_head is None else n_kv_head
     qkv = linear(x, **c_attn)  # [..., T, C + 2 C_kv]: rows of c_attn.weight are [W_Q; W_K; W_V]
-    kv_width = C // n_head * n_kv  # C_kv: C without grouped-query attention
+    kv_width = (c_attn["weight"].shape[0] - C) // 2  # C_kv: C without grouped-query attention
+    n_kv = kv_width // (C // n_head)  # key/value heads
     q, k, v = np.split(qkv, [C, C + kv_width], axis=-1)  # [..., T, C], [..., T, C_kv] twice
     q, k, v = split_heads(q, n_head), split_heads(k, n_kv), split_heads(v, n_kv)  # [..., H or H_kv, T, hs]
     if rope is not None:
@@ -347,7 +345,7 @@ def transformer_block(x: np.ndarray, block: dict, cfg: Any, allowed: np.ndarray,
         raise ValueError(f"unknown norm_position {position!r}")
     _put(trace, prefix + "in", x)
     sublayers = (("1", lambda h: mha(h, **block["attn"], n_head=n_head, allowed=allowed, rope=rope, trace=trace,
-                                     prefix=prefix, n_kv_head=_cfg(cfg, "n_kv_head"))),
+                                     prefix=prefix)),
                  ("2", lambda h: ffn(h, **block["mlp"], activation=activation, trace=trace, prefix=prefix)))
     for i, sublayer in sublayers:  # attention, then the MLP, each in a residual branch
         norm = block["ln_" + i]

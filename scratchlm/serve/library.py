@@ -62,7 +62,7 @@ class Loaded:
 
 
 def _is_run(path: Path) -> bool:
-    from scratchlm.training.checkpoint import latest_checkpoint
+    from scratchlm.checkpoint import latest_checkpoint
 
     return (path / "metrics.jsonl").is_file() or latest_checkpoint(path) is not None
 
@@ -86,7 +86,7 @@ class RunLibrary:
         if self.runs is not None and not self.runs.is_dir():
             raise UserError(f"--runs {runs}: no such folder")
         if self.checkpoint is not None:
-            from scratchlm.training.checkpoint import resolve_checkpoint
+            from scratchlm.checkpoint import resolve_checkpoint
 
             resolve_checkpoint(self.checkpoint)  # one clear error now rather than on the first request
         self._loaded: OrderedDict[str, Loaded] = OrderedDict()
@@ -130,7 +130,7 @@ class RunLibrary:
             raise UserError(f"run {entry.name}: a file of it that should be text is not") from None
 
     def _load(self, entry: RunEntry) -> Loaded:
-        from scratchlm.training.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_model, resolve_checkpoint
+        from scratchlm.checkpoint import WEIGHTS_FILE, latest_checkpoint, load_model, resolve_checkpoint
 
         is_checkpoint = any((entry.path / f).is_file() for f in ("config.json", WEIGHTS_FILE))
         if not is_checkpoint and latest_checkpoint(entry.path) is None:
@@ -212,7 +212,7 @@ def describe(entry: RunEntry, check=lambda path: path) -> dict[str, Any]:
     `check(path)` is called on the config file first (RunLibrary.check_inside)."""
     from scratchlm.runlock import holder
     from scratchlm.text.tang import TANG_PROMPT, is_tang
-    from scratchlm.training.checkpoint import SavedConfig, latest_checkpoint
+    from scratchlm.checkpoint import SavedConfig, latest_checkpoint
 
     ckpt = entry.path if (entry.path / "config.json").is_file() else latest_checkpoint(entry.path)
     out: dict[str, Any] = {"name": entry.name, "checkpoint": None, "step": None, "model": None,

@@ -16,7 +16,7 @@ from scratchlm.errors import UserError
 from scratchlm.kernels.training_copy import attach_training_kernels
 from scratchlm.machine.memory import check_model_fits
 from scratchlm.model.gpt import GPT
-from scratchlm.training import checkpoint as ckpt_io
+from scratchlm import checkpoint as ckpt_io
 from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import apply_fsdp
 from scratchlm.training.optim import make_optimizer

@@ -1,7 +1,7 @@
 """A run's checkpoints as the training loop sees them: what a save holds of a run (weights,
 optimizer and scaler state, counters, each process's RNGs and batch position: everything an
 exact resume needs), a run restored from one, and the config a resume starts from.
-scratchlm.training.checkpoint writes and reads the files.
+scratchlm.checkpoint writes and reads the files.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from scratchlm.errors import UserError
 from scratchlm.model.gpt import GPT
-from scratchlm.training import checkpoint as ckpt_io
+from scratchlm import checkpoint as ckpt_io
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import fsdp_load_optimizer, full_states, gather_objects
 from scratchlm.training.parts import TrainParts

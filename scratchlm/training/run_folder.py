@@ -15,7 +15,7 @@ import torch
 from scratchlm.errors import UserError, check_folder_path
 from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, cut_torn_tail, why_write_failed
 from scratchlm.runlock import LOCK_FILE, RunLock, holder, holder_of
-from scratchlm.training import checkpoint as ckpt_io
+from scratchlm import checkpoint as ckpt_io
 from scratchlm.training.distributed import Dist, any_rank
 from scratchlm.training.train_config import TrainConfig
 

@@ -28,7 +28,7 @@ import torch
 from scratchlm.errors import UserError
 from scratchlm.model.config import GPTConfig
 from scratchlm.runlock import RunLock
-from scratchlm.training import checkpoint as ckpt_io
+from scratchlm import checkpoint as ckpt_io
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist
 from scratchlm.training.precision import choose_dtype

@@ -30,7 +30,7 @@ class Source:
 
 
 def _is_hf_folder(path: Path) -> bool:
-    from scratchlm.training.checkpoint import is_hf_config
+    from scratchlm.checkpoint import is_hf_config
 
     config = path / "config.json"
     if not config.is_file():
@@ -55,7 +55,7 @@ def _tokenizer_digest(path: Path) -> str:
 def load_source(path: str | Path, cache: Path) -> Source:
     """The model and tokenizer at `path` (see the module's docstring). `cache` holds the saved
     copy of a Hugging Face folder's tokenizer."""
-    from scratchlm.training.checkpoint import TOKENIZER_DIR, load_model, resolve_checkpoint
+    from scratchlm.checkpoint import TOKENIZER_DIR, load_model, resolve_checkpoint
 
     path = Path(path).expanduser()
     if not path.exists():
@@ -70,7 +70,7 @@ def load_source(path: str | Path, cache: Path) -> Source:
                             "or a tokenizer.json that export-hf wrote); a model cannot be trained on without it")
         folder = cache / "init_from" / f"{path.name}-{_tokenizer_digest(path)}"
         if not (folder / TOKENIZER_DIR).is_dir():
-            from scratchlm.training.checkpoint import save_tokenizer
+            from scratchlm.checkpoint import save_tokenizer
 
             folder.mkdir(parents=True, exist_ok=True)
             save_tokenizer(tokenizer, folder)

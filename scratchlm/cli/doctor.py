@@ -4,7 +4,8 @@ The CPU and the flags that decide the fast paths, whether bfloat16 is native (an
 `--dtype auto` and Muon choose), which decoding-kernel variant is built and why (or why none),
 torch's threads, measured float32 and bfloat16 matmul rates and memory read bandwidth, the C
 compiler, and whether a CJK font is there for the attention pictures. `facts()` is also what
-`python -m benchmarks` records beside its figures.
+`python -m benchmarks` records beside its figures. The probes themselves (matmul rates, memory
+bandwidth) are scratchlm.machine.cpu's.
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ from __future__ import annotations
 import os
 import platform
 import subprocess
-import time
 from typing import Any
 
 import torch
 
 from scratchlm.machine import cpu
+from scratchlm.machine.cpu import read_bandwidth
 
 # the flags that change a code path here, in the order they matter
 _FLAGS = ["avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx2", "fma",
@@ -25,36 +26,9 @@ _FLAGS = ["avx512_bf16", "amx_bf16", "amx_tile", "avx512f", "avx512bw", "avx512v
 _CJK_SAMPLE = "中文注意力"
 
 
-def _best_gb_s(work, moved_bytes: int, passes: int) -> float:
-    """GB/s of the fastest of `passes` calls of work(), which moves `moved_bytes`: noise only ever
-    slows a pass down. One untimed call first touches every page."""
-    work()
-    best = 0.0
-    for _ in range(passes):
-        start = time.perf_counter()
-        work()
-        best = max(best, moved_bytes / (time.perf_counter() - start))
-    return best / 1e9
-
-
-def read_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
-    """Best GB/s of summing a float32 array of `megabytes`, far larger than the caches, with torch's
-    threads: the rate a batch-1 decoding step can read its weights at most."""
-    x = torch.ones(megabytes * 2**20 // 4)
-    return _best_gb_s(x.sum, x.numel() * 4, passes)
-
-
-def copy_bandwidth(megabytes: int = 256, passes: int = 4) -> float:
-    """Best GB/s of copying a float32 array of `megabytes` into another, counting the read and the
-    write."""
-    x = torch.ones(megabytes * 2**20 // 4)
-    y = torch.empty_like(x)
-    return _best_gb_s(lambda: y.copy_(x), 2 * x.numel() * 4, passes)
-
-
 def _compiler_line() -> str:
     from scratchlm import kernels
-    cc = kernels._compiler()
+    cc = kernels.compiler()
     if cc is None:
         return "none found (set CC; decoding and training then use PyTorch's operations)"
     try:
