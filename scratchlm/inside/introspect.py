@@ -225,9 +225,3 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"  {label:<38}" + "".join(f"{_gib(est[p][key]):>16}" for p in PRECISIONS))
     lines.append("  not included: CUDA context, allocator slack, torch.compile workspace; keep ~10-20% headroom")
     return "\n".join(lines)
-
-
-def format_inspect(model: GPT, batch_size: int = 2, seq_len: int = 16, train_batch: int = 8,
-                   train_seq_len: int | None = None) -> str:
-    """The human-readable report printed by `scratchlm inspect`."""
-    return format_report(inspect_report(model, batch_size, seq_len, train_batch, train_seq_len))
