@@ -55,7 +55,6 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
 
     cfg = config_from_preset(preset, data=str(data), out_dir=str(workdir / f"run-{time.time_ns()}"),
                              data_cache=str(workdir / "cache"), progress="quiet", **overrides)
-    probe_cfg = dataclasses.replace(cfg, batch_size=64)  # the probes' windows in batches of 64: the same loss, sooner
     every = max(1, cfg.max_steps // probes) if probes else 1
     first = int(cfg.max_steps * probe_from)
     runs: list = []  # (setup, parts, state) of the run: the benchmark needs its model, validation tokens and clock
@@ -66,9 +65,9 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
         runs.append([setup, parts, None])
         return parts
 
-    def keep_state(self):
+    def keep_state(self, *args, **kwargs):
         runs[-1][2] = self
-        return begin(self)
+        return begin(self, *args, **kwargs)
 
     probe_s, evals, reached = 0.0, [], {}
 
@@ -79,7 +78,9 @@ def one_run(preset: str, data: Path, workdir: Path, probe_from: float = 0.4, pro
         setup, parts, state = runs[-1]
         t0 = time.perf_counter()
         trained = t0 - state.t_start - probe_s
-        val = evaluate_full(parts.model, setup.val_tokens, probe_cfg, setup.block_size, setup.device, setup.d)
+        # the probes' windows in batches of 64: the same loss, sooner
+        probing = dataclasses.replace(setup, cfg=dataclasses.replace(setup.cfg, batch_size=64))
+        val = evaluate_full(parts.model, probing)
         probe_s += time.perf_counter() - t0
         evals.append((step, trained, val))
         if val <= GOAL_LOSS:

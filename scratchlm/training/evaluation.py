@@ -9,15 +9,16 @@ import torch
 
 from scratchlm.model.gpt import GPT, eval_mode
 from scratchlm.training.batches import RankBatches
-from scratchlm.training.distributed import Dist, all_mean
+from scratchlm.training.distributed import all_mean
 from scratchlm.training.precision import autocast
-from scratchlm.training.train_config import TrainConfig
+from scratchlm.training.setup import RunSetup
 
 
 @torch.no_grad()
-def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
+def evaluate(model, setup: RunSetup) -> float:
     """Mean validation loss over eval_iters batches; the same batches every time (a fixed seed),
     drawn from a stream of its own so the training stream and RNGs are untouched."""
+    val_tokens, cfg, block_size, device, d = setup.val_tokens, setup.cfg, setup.block_size, setup.device, setup.d
     stream = RankBatches(val_tokens, cfg.batch_size, block_size, cfg.seed + 1, d)
     with eval_mode(model):
         total = torch.zeros((), device=device)
@@ -30,9 +31,10 @@ def evaluate(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Di
 
 
 @torch.no_grad()
-def evaluate_full(model, val_tokens, cfg: TrainConfig, block_size: int, device, d: Dist) -> float:
+def evaluate_full(model, setup: RunSetup) -> float:
     """Validation loss over the whole split: consecutive windows of block_size + 1 tokens, each
     token after a window's first predicted once; windows shared out over the processes."""
+    val_tokens, cfg, block_size, device, d = setup.val_tokens, setup.cfg, setup.block_size, setup.device, setup.d
     T, B = block_size, cfg.batch_size
     n_windows = (len(val_tokens) - 1) // T
     mine = np.arange(d.rank, n_windows, d.world_size)

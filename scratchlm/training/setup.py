@@ -4,12 +4,12 @@ record that nothing changes afterwards (`RunSetup`):
     1. dtype         what the run computes in (`auto`: what the device multiplies natively)
     2. run folder    a new one, or the run to resume; locked for this one writer from here on
     3. tokenizer     the config's, or the one of the model `--init_from` names
-    4. block size    the resumed checkpoint's, the source model's, or the model preset's
+    4. model config  the resumed checkpoint's, the source's (only dropout may change), or the
+                     preset's with the overrides; its block size is the run's context length
     5. data          token shards prepared (or found in the cache) with that tokenizer, checked
                      against that block size; a resumed run's must be the data it began on
-    6. vocabulary    the tokenizer's, rounded up to pad_vocab_multiple
-    7. model config  the resumed checkpoint's, the source's (only dropout may change), or the
-                     preset's with the overrides and that vocabulary
+    6. vocabulary    a new model's is the tokenizer's, rounded up to pad_vocab_multiple; a
+                     resumed or source model keeps its own, which must hold the tokenizer's
 
 The given TrainConfig is never changed: the decisions are written into a copy (`RunSetup.cfg`),
 which is what the run's log and its checkpoints record.
@@ -51,7 +51,6 @@ class RunSetup:
     """The run folder's lock, held by the main process until the run ends."""
     source: Source | None
     """The model and tokenizer `--init_from` names (a new run only)."""
-    block_size: int
     data_dir: Path
     """The prepared data: train and val shards, meta.json and the tokenizer they were made with."""
     meta: dict[str, Any]
@@ -59,6 +58,11 @@ class RunSetup:
     train_tokens: Any
     val_tokens: Any
     model_config: GPTConfig
+
+    @property
+    def block_size(self) -> int:
+        """The run's context length: the model's."""
+        return self.model_config.block_size
 
     @property
     def tokens_per_step(self) -> int:
@@ -96,15 +100,15 @@ def set_up_run(cfg: TrainConfig, d: Dist, device: torch.device) -> RunSetup:
             source = _load_source(cfg)
             cfg = dataclasses.replace(cfg, tokenizer=source.tokenizer.kind, tokenizer_file=str(source.tokenizer_dir),
                                       vocab_size=None)
-        block_size = _block_size(cfg, resume_ckpt, source)  # 4.
-        data_dir = _prepare_data(cfg, d, block_size)  # 5.
+        shape = _model_shape(cfg, resume_ckpt, source)  # 4.
+        data_dir = _prepare_data(cfg, d, shape.block_size)  # 5.
         meta = json.loads((data_dir / "meta.json").read_text(encoding="utf-8"))
         tokenizer = _run_tokenizer(data_dir, run_dir, resume_ckpt, meta)
-        model_config = _model_config(cfg, tokenizer, resume_ckpt, source)  # 6. and 7.
+        model_config = _fit_vocabulary(shape, cfg, tokenizer, resume_ckpt, source)  # 6.
         from scratchlm.data import read_split
 
         return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock,
-                        source=source, block_size=block_size, data_dir=data_dir, meta=meta, tokenizer=tokenizer,
+                        source=source, data_dir=data_dir, meta=meta, tokenizer=tokenizer,
                         train_tokens=read_split(data_dir, "train", meta), val_tokens=read_split(data_dir, "val", meta),
                         model_config=model_config)
     except BaseException:
@@ -125,12 +129,15 @@ def _load_source(cfg: TrainConfig) -> Source:
     return load_source(cfg.init_from, cache)
 
 
-def _block_size(cfg: TrainConfig, resume_ckpt: Path | None, source: Source | None) -> int:
+def _model_shape(cfg: TrainConfig, resume_ckpt: Path | None, source: Source | None) -> GPTConfig:
+    """The model's config before the data is known: a resumed run's checkpoint's, the source's
+    with its dropout changed if asked, else the preset's with the overrides (its vocabulary is
+    settled in `_fit_vocabulary`)."""
     if resume_ckpt is not None:
-        return ckpt_io.SavedConfig.read(resume_ckpt).model_config(resume_ckpt).block_size
-    if source is not None:
-        return source.model.config.block_size
-    return GPTConfig.from_name(cfg.model, **cfg.model_overrides).block_size
+        return ckpt_io.SavedConfig.read(resume_ckpt).model_config(resume_ckpt)
+    if source is not None:  # the source's weights go into a model of its own config (dropout may change)
+        return source.model.config.replace(**{k: v for k, v in cfg.model_overrides.items() if k == "dropout"})
+    return GPTConfig.from_name(cfg.model, **cfg.model_overrides)
 
 
 def _run_tokenizer(data_dir: Path, run_dir: Path, resume_ckpt: Path | None, meta: dict) -> Any:
@@ -145,19 +152,17 @@ def _run_tokenizer(data_dir: Path, run_dir: Path, resume_ckpt: Path | None, meta
     return load_tokenizer(own if own.is_dir() else data_dir / "tokenizer")
 
 
-def _model_config(cfg: TrainConfig, tokenizer: Any, resume_ckpt: Path | None, source: Source | None) -> GPTConfig:
-    """The model's config: a resumed run's checkpoint's, the source's with its dropout changed if
-    asked, else the preset's with the overrides and the tokenizer's (padded) vocabulary."""
+def _fit_vocabulary(shape: GPTConfig, cfg: TrainConfig, tokenizer: Any, resume_ckpt: Path | None,
+                    source: Source | None) -> GPTConfig:
+    """A new model's vocabulary is the tokenizer's, padded; a resumed or source model keeps its own
+    (a resumed one's must still hold every id of the tokenizer)."""
     from scratchlm.data import padded_vocab_size
 
-    if resume_ckpt is not None:
-        config = ckpt_io.SavedConfig.read(resume_ckpt).model_config(resume_ckpt)
-        if config.vocab_size < tokenizer.vocab_size:
-            raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
-        return config
-    if source is not None:  # the source's weights go into a model of its own config (dropout may change)
-        return source.model.config.replace(**{k: v for k, v in cfg.model_overrides.items() if k == "dropout"})
-    return cfg.model_config(padded_vocab_size(tokenizer.vocab_size, cfg.pad_vocab_multiple))
+    if resume_ckpt is not None and shape.vocab_size < tokenizer.vocab_size:
+        raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the data's tokenizer")
+    if resume_ckpt is not None or source is not None:
+        return shape
+    return shape.replace(vocab_size=padded_vocab_size(tokenizer.vocab_size, cfg.pad_vocab_multiple))
 
 
 def _data_config(cfg: TrainConfig, block_size: int | None = None):

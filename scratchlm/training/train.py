@@ -93,7 +93,8 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
         torch.set_num_threads(cfg.threads)
     d, device = setup_processes(cfg)
     try:
-        result = _train(cfg, d, device, on_step)
+        # --- setup: every decision once, in order; the run folder is ours (locked) from here
+        result = _train(set_up_run(cfg, d, device), on_step)
         if d.enabled:
             import torch.distributed as dist
 
@@ -109,9 +110,7 @@ def train(cfg: TrainConfig, *, on_step: Callable[[int, dict], bool | None] | Non
                 dist.destroy_process_group()
 
 
-def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainResult:
-    # --- setup: every decision once, in order; the run folder is ours (locked) from here
-    setup = set_up_run(cfg, d, device)
+def _train(setup: RunSetup, on_step) -> TrainResult:
     cfg = setup.cfg  # the given config with the decisions written in: what the log and checkpoints record
     log = None
     try:
@@ -121,8 +120,8 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
         state = restore_run(setup, parts) if setup.resume_ckpt is not None else TrainState()
         # MFU's denominator: a datasheet figure or a bound on the CPU, (FLOP/s, where it comes from);
         # taken before the folder is made, since a bad SCRATCHLM_CPU_MAX_GHZ is an error
-        peak = device_peak(device, cfg.dtype) if d.is_main else None
-        if d.is_main:
+        peak = device_peak(setup.device, cfg.dtype) if setup.d.is_main else None
+        if setup.d.is_main:
             run_folder.ready_for_writing(setup.run_dir, setup.tokenizer, resumed=setup.resume_ckpt is not None)
         log = RunLog(setup, state, peak)
         log.start(model.num_params(), changed_settings(setup))
@@ -134,13 +133,13 @@ def _train(cfg: TrainConfig, d: Dist, device: torch.device, on_step) -> TrainRes
                 lr = learning_rate(state.step, cfg, state.time_share)
                 for group in parts.optimizer.param_groups:
                     group["lr"] = lr
-                loss, norm, applied = train_step(parts, cfg, d, device)
+                loss, norm, applied = train_step(parts, cfg, setup.d, setup.device)
                 state.count(loss, applied, setup.tokens_per_step)
                 if not applied:  # a non-finite loss or gradient: the weights were left as they were
                     log.skipped(loss)
                     state.check_bad_steps(cfg.max_bad_steps)  # too many in a row stop the run
                 if cfg.time_limit:
-                    state.time_share = all_max(state.elapsed(), d, device) / cfg.time_limit
+                    state.time_share = all_max(state.elapsed(), setup.d, setup.device) / cfg.time_limit
                 last = state.step == cfg.max_steps or state.time_share >= 1
                 record = log.step(loss, lr, norm, last)
                 evaluating = last or _every(cfg.eval_interval, state.step)
@@ -218,7 +217,7 @@ def _evaluate(setup: RunSetup, parts: TrainParts, log: RunLog, last: bool) -> tu
     full = last and (len(setup.val_tokens) - 1) // setup.block_size <= cfg.full_eval_windows
     measure = evaluate_full if full else evaluate
     log.evaluating(full)
-    val_loss = measure(parts.model, setup.val_tokens, cfg, setup.block_size, setup.device, setup.d)
+    val_loss = measure(parts.model, setup)
     bpb = val_loss / math.log(2) / setup.bytes_per_token
     log.evaluation(val_loss, bpb, full)
     return val_loss, bpb
