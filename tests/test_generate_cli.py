@@ -111,6 +111,25 @@ def test_cli_reads_the_prompt_from_stdin(char_checkpoint):
     assert run.stdout == "hag\n" + tok.decode(ids) + "\n"
 
 
+def test_generates_flags_are_the_generation_records_fields_with_their_defaults():
+    """One flag per field of GenerationSettings and SamplingOptions (the records read directly
+    here), each starting at the record's default; max_new_tokens starts at 200 on the command line."""
+    import dataclasses
+
+    from scratchlm.cli.main import build_parser
+    from scratchlm.generation.sampling import SamplingOptions
+    from scratchlm.generation.settings import GenerationSettings
+
+    records = {f.name: f.default for f in dataclasses.fields(GenerationSettings) if f.name != "sampling"}
+    records.update({f.name: f.default for f in dataclasses.fields(SamplingOptions)})
+    records.update(max_new_tokens=200, stop=[])  # --stop gathers a list
+    args = vars(build_parser().parse_args(["generate", "--checkpoint", "run"]))
+    assert {name: args[name] for name in records} == records
+    others = set(args) - set(records)
+    assert others == {"checkpoint", "prompt", "prompt_file", "no_cache", "no_echo", "device", "dtype",
+                      "command", "debug", "run"}, others  # how to load and run the model, not settings
+
+
 @pytest.mark.parametrize("flags, words", [
     ([], None),
     (["--temperature", "0.7", "--top-k", "5", "--seed", "1"], None),  # sampling: all of them count

@@ -83,6 +83,44 @@ def test_the_page_and_its_files_come_from_the_package(served):
         assert got == 200 and "http://" not in text and "https://" not in text, asset
 
 
+def _record_defaults() -> dict:
+    """Each generation setting's default, read from the two records themselves (the front ends
+    start max_new_tokens at 200, where a library call's record says 100)."""
+    import dataclasses
+
+    from scratchlm.generation.sampling import SamplingOptions
+    from scratchlm.generation.settings import GenerationSettings
+
+    own = {f.name: f.default for f in dataclasses.fields(GenerationSettings) if f.name != "sampling"}
+    return {**own, **{f.name: f.default for f in dataclasses.fields(SamplingOptions)}, "max_new_tokens": 200}
+
+
+def test_the_pages_settings_are_the_records_fields_and_its_inputs_start_at_their_defaults(served):
+    """/static/generation.js carries every field of GenerationSettings and SamplingOptions but the
+    two a request refuses (stop strings, several samples), each with the record's default; the
+    page has one input per field and no other, showing that default (empty: off)."""
+    got, script = request(served.port, "GET", "/static/generation.js")
+    assert got == 200
+    sent = json.loads(re.search(r"const GENERATION = (\{.*\});", script).group(1))
+    defaults = {k: v for k, v in _record_defaults().items() if k not in ("stop", "num_samples")}
+    assert {f["name"]: f["default"] for f in sent["fields"]} == defaults
+    assert sent["inert"]["greedy"]["names"] == ["temperature", "top_k", "top_p", "min_p", "seed"]
+    assert set(sent["inert"]["beams"]["names"]) == {"temperature", "top_k", "top_p", "min_p", "seed",
+                                                    "repetition_penalty", "greedy"}
+    _, page = request(served.port, "GET", "/")
+    settings = page[page.index('<details id="settings"'):page.index("</details>", page.index('<details id="settings"'))]
+    inputs = {m.group(1): m.group(0) for m in re.finditer(r'<input id="(\w+)"[^>]*>', settings)}
+    assert set(inputs) == set(defaults)
+    for name, default in defaults.items():
+        tag = inputs[name]
+        if isinstance(default, bool):
+            assert ("checked" in tag) == default, tag
+        elif default is None:
+            assert 'placeholder="' in tag and "value=" not in tag, tag
+        else:
+            assert float(re.search(r'value="([^"]+)"', tag).group(1)) == default, tag
+
+
 # ------------------------------------------------------------------------------ the other pages' data
 
 

@@ -242,20 +242,7 @@ def _add_generate(sub) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="text to continue; default: stdin when it is piped, else start from BOS")
     source.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file (used as is)")
-    p.add_argument("--max-new-tokens", type=int, default=200, help="tokens to add at most (default: 200)")
-    p.add_argument("--temperature", type=float, default=1.0, help="<1 sharper, >1 flatter, 0 greedy (default: 1)")
-    p.add_argument("--top-k", type=int, help="sample among the k most likely tokens only")
-    p.add_argument("--top-p", type=float, help="sample from the smallest set of tokens holding this much probability")
-    p.add_argument("--min-p", type=float, help="drop tokens less likely than this fraction of the top token")
-    p.add_argument("--repetition-penalty", type=float, default=1.0, help=">1 discourages tokens already present")
-    p.add_argument("--greedy", action="store_true", help="always take the most likely token")
-    p.add_argument("--beams", type=int, default=1, help="beam search with this many beams (default: 1, off)")
-    p.add_argument("--length-penalty", type=float, default=1.0,
-                   help="beam search ranks by logprob / length^this (default: 1)")
-    p.add_argument("--num-samples", type=int, default=1, help="continuations to draw (default: 1)")
-    p.add_argument("--seed", type=int, help="fix the random draws: one seed, one output")
-    p.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="end the text before this string (repeatable; \\n and \\t are understood)")
+    _add_generation_flags(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (the plain loop)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
@@ -264,6 +251,25 @@ def _add_generate(sub) -> None:
                         "bytes to read per token, at bfloat16 precision; auto: bfloat16 where this machine reads "
                         "it fast, see `scratchlm doctor`; default: the checkpoint's own)")
     p.set_defaults(run=_run_generate)
+
+
+def _add_generation_flags(p) -> None:
+    """One flag per field of the generation records (GenerationSettings, SamplingOptions), with the
+    help written under the field; --stop repeats, and understands \\n and \\t."""
+    from scratchlm.generation.settings import generation_fields
+
+    group = p.add_argument_group("generation settings (GenerationSettings, SamplingOptions)")
+    for f in generation_fields():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "stop":
+            group.add_argument(flag, action="append", default=[], metavar="TEXT",
+                               help=f"{f.doc} Repeatable; \\n and \\t are understood.".replace("%", "%%"))
+        elif f.kind == "bool":
+            group.add_argument(flag, action="store_true", help=f.doc.replace("%", "%%"))
+        else:
+            shown = "off" if f.default is None else f.default
+            group.add_argument(flag, type={"int": int, "float": float}[f.kind], default=f.default,
+                               metavar=f.kind.upper(), help=f"{f.doc} (default: {shown})".replace("%", "%%"))
 
 
 def _read_prompt(args) -> str:
@@ -292,20 +298,14 @@ def _read_prompt(args) -> str:
 
 
 def ignored_generate_flags(args) -> str | None:
-    """A warning naming the flags given that this generation cannot use, or None. Greedy takes
-    the likeliest token, so filters, temperature and a seed change nothing; beam search ranks by
-    the model's own log-probabilities, so no sampling option applies; the length penalty ranks
-    beams only; an empty stop string matches nothing."""
-    sampling = {"--temperature": args.temperature not in (1.0, 0.0), "--top-k": args.top_k is not None,
-                "--top-p": args.top_p is not None, "--min-p": args.min_p is not None, "--seed": args.seed is not None}
-    if args.beams > 1:
-        given, why = {**sampling, "--repetition-penalty": args.repetition_penalty != 1.0, "--greedy": args.greedy,
-                      "--temperature": args.temperature != 1.0}, "with --beams (beam search ranks by log-probability)"
-    elif args.greedy or args.temperature == 0:
-        given, why = sampling, "with greedy decoding (it takes the likeliest token)"
-    else:
-        given, why = {}, ""
-    flags = [flag for flag, on in given.items() if on]
+    """A warning naming the flags given that this generation cannot use, or None: the settings
+    `inert_settings` names for its kind of decoding, the length penalty without beams, and an
+    empty stop string (it matches nothing)."""
+    from scratchlm.generation.settings import inert_settings, setting_given
+
+    flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
+    names, why = inert_settings(args.beams, args.greedy or args.temperature == 0, flag)
+    flags = [flag(name) for name in names if setting_given(name, getattr(args, name))]
     notes = [f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {why}"] if flags else []
     if args.beams == 1 and args.length_penalty != 1.0:
         notes.append("--length-penalty applies to beam search only")
@@ -322,7 +322,7 @@ def _run_generate(args) -> int:
     from scratchlm.machine.devices import pick_device
     from scratchlm.generation.engine import Engine
     from scratchlm.generation.sampling import MAX_NEW_TOKENS_LIMIT, check_length_penalty
-    from scratchlm.generation.settings import GenerationSettings
+    from scratchlm.generation.settings import GenerationSettings, generation_fields
 
     if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS_LIMIT:
         raise UserError(f"--max-new-tokens must be between 0 and {MAX_NEW_TOKENS_LIMIT}, got {args.max_new_tokens}")
@@ -336,11 +336,8 @@ def _run_generate(args) -> int:
     model, tokenizer, info = load_model(args.checkpoint, device=device)
     if tokenizer is None:
         raise UserError(f"{info['checkpoint']}: no tokenizer saved with this checkpoint or its run; cannot turn text into ids")
-    settings = GenerationSettings.of(
-        max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-        min_p=args.min_p, repetition_penalty=args.repetition_penalty, greedy=args.greedy, seed=args.seed,
-        stop=stops, num_samples=args.num_samples, beams=args.beams, length_penalty=args.length_penalty,
-    )
+    given = {f.name: getattr(args, f.name) for f in generation_fields()}  # the flags are the records' fields
+    settings = GenerationSettings.of(**{**given, "stop": stops})
     engine = Engine(model, tokenizer, dtype=args.dtype, use_cache=not args.no_cache)
     out = sys.stdout
     try:

@@ -12,10 +12,12 @@ the Engine that runs it (scratchlm.generation.engine).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from numbers import Integral
+from typing import Any, Callable
 
 from scratchlm.errors import ConfigError
+from scratchlm.records import SettingField, setting_fields
 from scratchlm.generation.sampling import (SamplingOptions, check_length_penalty, check_max_new_tokens,
                                            check_seed)
 
@@ -73,3 +75,48 @@ class GenerationSettings:
         # the sampling options are made first: a bad one is reported before the other fields
         sampling = SamplingOptions.of(chosen.pop("sampling", None), **choice)
         return cls(sampling=sampling, **chosen)
+
+
+# --------------------------------------------------------------------------------------------
+# The settings as a front end offers them (`scratchlm generate`, the playground)
+# --------------------------------------------------------------------------------------------
+
+FRONT_END_DEFAULTS = {"max_new_tokens": 200}
+"""Where a front end starts from another value than the record's (a library call's 100)."""
+
+
+def generation_fields() -> list[SettingField]:
+    """Every setting of one generation as flat rows, from the two records: GenerationSettings'
+    own with SamplingOptions' fields in the place of `sampling`. The command line's flags and the
+    playground's fields are made from these rows (their names, kinds, defaults and help)."""
+    rows = []
+    for f in setting_fields(GenerationSettings):
+        if f.name == "sampling":
+            rows += setting_fields(SamplingOptions)
+        else:
+            rows.append(replace(f, default=FRONT_END_DEFAULTS.get(f.name, f.default)))
+    return rows
+
+
+def inert_settings(beams: int, greedy: bool, spell: Callable[[str], str] = str) -> tuple[tuple[str, ...], str]:
+    """(the settings that cannot change a generation of this kind, why): beam search ranks by
+    the model's own log-probabilities, so no sampling option applies; greedy decoding (`greedy`,
+    or a temperature of 0) takes the likeliest token, so temperature, the filters and the seed
+    change nothing (the repetition penalty still moves its choice). The command line warns with
+    these words (`spell` writes a setting's name as the front end does: --beams), the playground
+    dims these fields and says the same."""
+    sampled = tuple(f.name for f in setting_fields(SamplingOptions) if f.name not in ("repetition_penalty", "greedy"))
+    if beams > 1:
+        return (*sampled, "seed", "repetition_penalty", "greedy"), f"with {spell('beams')} (beam search ranks by log-probability)"
+    if greedy:
+        return (*sampled, "seed"), "with greedy decoding (it takes the likeliest token)"
+    return (), ""
+
+
+def setting_given(name: str, value: Any) -> bool:
+    """Whether a front end's value of setting `name` was changed from where it starts: a temperature
+    of 0 is the switch to greedy decoding, not a sampling setting."""
+    if name == "temperature" and value == 0:
+        return False
+    default = next(f.default for f in generation_fields() if f.name == name)
+    return value != default

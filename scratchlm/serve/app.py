@@ -1,11 +1,13 @@
 """The playground's web app: a page, its scripts, and a small JSON + event-stream API.
 
 Built on Starlette (the ASGI toolkit FastAPI itself is made of) and served by uvicorn. Starlette
-is enough here: eight routes, a static folder and a streaming response; FastAPI's request models
+is enough here: nine routes, a static folder and a streaming response; FastAPI's request models
 and generated OpenAPI pages would add a dependency (pydantic) and nothing the page uses.
 
     GET  /                  the page (static/index.html)
     GET  /static/FILE       its script and style, shipped in the package (nothing from the internet)
+    GET  /static/generation.js   the generation settings' fields, defaults and inert rules, made from
+                            the records (GenerationSettings, SamplingOptions), not a file
     GET  /api/runs          the model picker: the runs that may be shown, and the default (the newest
                             with a checkpoint)
     GET  /api/model?run=R   one run's config and the server's limits
@@ -28,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import secrets
 import socket
@@ -45,6 +48,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
+from scratchlm.generation.sampling import SamplingOptions
+from scratchlm.generation.settings import generation_fields, inert_settings
+from scratchlm.records import setting_fields
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
 from scratchlm.serve.library import Loaded, RunLibrary, UnknownRun
 from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
@@ -171,42 +177,37 @@ def _text(data: dict[str, Any], name: str, limits: Limits) -> str:
     return text
 
 
-GENERATE_FIELDS = ("run", "prompt", "max_new_tokens", "beams", "length_penalty", "seed", "temperature", "top_k",
-                   "top_p", "min_p", "repetition_penalty", "greedy", "forced")
+PAGE_SETTINGS = tuple(f for f in generation_fields() if f.name not in ("stop", "num_samples"))
+"""The generation settings the page sends: every field of the records but stop strings and several
+samples, which a request refuses as unknown rather than ignoring."""
+GENERATE_FIELDS = ("run", "prompt", *(f.name for f in PAGE_SETTINGS), "forced")
+SAMPLING_FIELDS = tuple(f.name for f in setting_fields(SamplingOptions))
+_KINDS = {"int": int, "float": float, "bool": bool}
 
 
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     """The request's options, checked: bounded sizes, and sampling options scratchlm accepts. A
     field it does not know (stop strings, several samples) is refused, not silently ignored."""
-    from scratchlm.generation.sampling import SamplingOptions, check_length_penalty, check_seed
+    from scratchlm.generation.sampling import check_length_penalty, check_seed
 
     unknown = sorted(str(name)[:40] for name in data if name not in GENERATE_FIELDS)
     if unknown:
         raise BadRequest(f"unknown field{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
                          f"the fields are {', '.join(GENERATE_FIELDS)}")
-    max_new = _field(data, "max_new_tokens", int, 200)
-    if not 1 <= max_new <= limits.max_new_tokens:
-        raise BadRequest(f"max_new_tokens: give 1 to {limits.max_new_tokens}, got {max_new}")
-    beams = _field(data, "beams", int, 1)
-    if not 1 <= beams <= 8:
-        raise BadRequest(f"beams: give 1 to 8, got {beams}")
-    seed = _field(data, "seed", int, optional=True)
-    check_seed(seed)  # a ConfigError (a UserError: 400), as the command line says it
-    sampling = {
-        "temperature": _field(data, "temperature", float, 1.0),
-        "top_k": _field(data, "top_k", int, optional=True),
-        "top_p": _field(data, "top_p", float, optional=True),
-        "min_p": _field(data, "min_p", float, optional=True),
-        "repetition_penalty": _field(data, "repetition_penalty", float, 1.0),
-        "greedy": _field(data, "greedy", bool, False),
-    }
+    given = {f.name: _field(data, f.name, _KINDS[f.kind], f.default, optional=f.optional) for f in PAGE_SETTINGS}
+    if not 1 <= given["max_new_tokens"] <= limits.max_new_tokens:
+        raise BadRequest(f"max_new_tokens: give 1 to {limits.max_new_tokens}, got {given['max_new_tokens']}")
+    if not 1 <= given["beams"] <= 8:
+        raise BadRequest(f"beams: give 1 to 8, got {given['beams']}")
+    check_seed(given["seed"])  # a ConfigError (a UserError: 400), as the command line says it
+    sampling = {name: given[name] for name in SAMPLING_FIELDS}
     SamplingOptions(**sampling)  # raises ConfigError (a UserError: 400) with the field and the rule
-    length_penalty = _field(data, "length_penalty", float, 1.0)
-    check_length_penalty(length_penalty)  # Python's JSON reader takes NaN and Infinity
+    check_length_penalty(given["length_penalty"])  # Python's JSON reader takes NaN and Infinity
+    seed = given["seed"]
     return GenerateRequest(
-        prompt=_text(data, "prompt", limits), max_new_tokens=max_new,
-        seed=secrets.randbelow(2**31) if seed is None else seed, beams=beams,
-        length_penalty=length_penalty, sampling=sampling, forced=_forced(data, beams, limits),
+        prompt=_text(data, "prompt", limits), max_new_tokens=given["max_new_tokens"],
+        seed=secrets.randbelow(2**31) if seed is None else seed, beams=given["beams"],
+        length_penalty=given["length_penalty"], sampling=sampling, forced=_forced(data, given["beams"], limits),
     )
 
 
@@ -241,6 +242,17 @@ class Playground:
 
     async def index(self, request: Request) -> Response:
         return FileResponse(STATIC / "index.html", media_type="text/html; charset=utf-8")
+
+    async def generation_script(self, request: Request) -> Response:
+        """/static/generation.js: the page's generation settings as the records define them (each
+        field's name, kind, default and doc; which ones each kind of decoding leaves inert, and why),
+        so settings.js and generate.js restate none of them."""
+        inert = {kind: dict(zip(("names", "why"), inert_settings(*switches)))
+                 for kind, switches in (("beams", (2, False)), ("greedy", (1, True)))}
+        settings = {"fields": [dataclasses.asdict(f) for f in PAGE_SETTINGS], "inert": inert}
+        script = f'"use strict";\n// made by the server (scratchlm/serve/app.py) from GenerationSettings and SamplingOptions\n' \
+                 f"const GENERATION = {json.dumps(settings, ensure_ascii=False)};\n"
+        return Response(script, media_type="text/javascript; charset=utf-8")
 
     async def runs(self, request: Request) -> Response:
         listed = await run_in_threadpool(lambda: [self.library.describe(e) for e in self.library.entries()])
@@ -327,6 +339,7 @@ def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str,
         Route("/api/inside", _guarded(pg.inside)),
         Route("/api/walkthrough", _guarded(pg.walkthrough), methods=["GET", "POST"]),
         Route("/api/training", _guarded(pg.training)),
+        Route("/static/generation.js", pg.generation_script),  # made from the records, not a file
         Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
     ]
 

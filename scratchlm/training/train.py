@@ -48,7 +48,7 @@ from scratchlm.training.setup import RunSetup, set_up_run
 from scratchlm.training.state import TrainState
 # the config's names are also this module's API (train_config is torch-free, so the CLI parser reads them there)
 from scratchlm.training.train_config import (  # noqa: F401
-    DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset, field_docs,
+    DTYPES, LR_SCHEDULES, TRAIN_PRESETS, CliField, TrainConfig, cli_fields, config_from_preset,
 )
 
 

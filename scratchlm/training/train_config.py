@@ -8,11 +8,12 @@ fields to build its flags, and `scratchlm prepare` or `--help` should not wait f
 from __future__ import annotations
 
 import math
-from dataclasses import MISSING, asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model.config import GPTConfig
+from scratchlm.records import setting_fields
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 WINDOWS = ("anywhere", "lines")
@@ -325,22 +326,6 @@ def config_from_preset(name: str, **overrides: Any) -> TrainConfig:
 # --------------------------------------------------------------------------------------------
 
 
-def field_docs(cls) -> dict[str, str]:
-    """The docstring written under each field of a dataclass (read from its source)."""
-    import ast
-    import inspect as pyinspect
-    import textwrap
-
-    tree = ast.parse(textwrap.dedent(pyinspect.getsource(cls)))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(nxt, ast.Expr)
-                and isinstance(nxt.value, ast.Constant) and isinstance(nxt.value.value, str)):
-            docs[node.target.id] = " ".join(nxt.value.value.split())
-    return docs
-
-
 @dataclass
 class CliField:
     name: str
@@ -363,16 +348,10 @@ def cli_fields() -> list[CliField]:
     rows = []
     skip_train = {"model_overrides", "resume", "preset"}
     for cls, is_model in ((TrainConfig, False), (GPTConfig, True)):
-        docs = field_docs(cls)
-        for f in fields(cls):
-            if f.name in skip_train and not is_model:
+        for f in setting_fields(cls):
+            if (f.name in skip_train and not is_model) or (is_model and f.name == "vocab_size"):
                 continue
-            if is_model and f.name == "vocab_size":
+            if f.kind in ("dict", "other"):
                 continue
-            annotation = str(f.type)
-            kind = next(k for k in ("bool", "int", "float", "str", "dict") if k in annotation)
-            if kind == "dict":
-                continue
-            default = f.default if f.default is not MISSING else None
-            rows.append(CliField(f.name, kind, "None" in annotation, default, docs.get(f.name, ""), is_model))
+            rows.append(CliField(f.name, f.kind, f.optional, f.default, f.doc, is_model))
     return rows

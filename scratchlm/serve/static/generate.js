@@ -15,21 +15,15 @@ function numberField(id, integer) {
   return value;
 }
 
-// The JSON body of POST /api/generate, from the controls.
+// The JSON body of POST /api/generate, from the controls: one per setting of the records
+// (GENERATION, from /static/generation.js), an empty field giving the setting's default.
 function generateRequest() {
-  return {
-    run: playground.run,
-    prompt: $("#prompt").value,
-    max_new_tokens: numberField("max_new_tokens", true) ?? 200,
-    temperature: numberField("temperature", false) ?? 1,
-    top_k: numberField("top_k", true),
-    top_p: numberField("top_p", false),
-    min_p: numberField("min_p", false),
-    repetition_penalty: numberField("repetition_penalty", false) ?? 1,
-    greedy: $("#greedy").checked,
-    beams: numberField("beams", true) ?? 1,
-    seed: numberField("seed", true),
-  };
+  const body = { run: playground.run, prompt: $("#prompt").value };
+  for (const field of GENERATION.fields) {
+    body[field.name] = field.kind === "bool" ? document.getElementById(field.name).checked
+      : numberField(field.name, field.kind === "int") ?? field.default;
+  }
+  return body;
 }
 
 // Set the status line and its data-state (idle, running, done, stopped, error). The status line

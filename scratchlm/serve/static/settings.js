@@ -3,36 +3,30 @@
 // `scratchlm generate` warns with.
 "use strict";
 
-const SAMPLING = ["temperature", "top_k", "top_p", "min_p", "seed"];
-
-// Which settings have no effect now, and why, as the command line decides it
-// (cli/main.py: ignored_generate_flags).
+// Which settings have no effect now, and why: the lists and words the command line warns with
+// (scratchlm.generation.settings.inert_settings, sent in /static/generation.js).
 function inertSettings() {
   const beams = parseInt($("#beams").value, 10) || 1;
   const temperature = $("#temperature").value.trim();
-  if (beams > 1) {
-    return { names: [...SAMPLING, "repetition_penalty", "greedy"],
-      why: "with beams (beam search ranks by log-probability)" };
-  }
-  if ($("#greedy").checked || (temperature !== "" && parseFloat(temperature) === 0)) {
-    return { names: SAMPLING, why: "with greedy decoding (it takes the likeliest token)" };
-  }
+  if (beams > 1) return GENERATION.inert.beams;
+  if ($("#greedy").checked || (temperature !== "" && parseFloat(temperature) === 0)) return GENERATION.inert.greedy;
   return { names: [], why: "" };
 }
 
-// A setting the reader changed from its default (what the command line's warning names).
+// A setting the reader changed from its default (what the command line's warning names); a
+// temperature of 0 is the switch to greedy decoding (generation.settings.setting_given).
 function settingGiven(name) {
   const input = document.getElementById(name);
   if (input.type === "checkbox") return input.checked;
   const value = input.value.trim();
   if (value === "") return false;
-  if (name === "temperature") return parseFloat(value) !== 1 && parseFloat(value) !== 0;
-  if (name === "repetition_penalty") return parseFloat(value) !== 1;
-  return true;
+  const field = GENERATION.fields.find((f) => f.name === name);
+  if (name === "temperature" && parseFloat(value) === 0) return false;
+  return field.default === null || parseFloat(value) !== field.default;
 }
 
-const settingLabel = (name) => ({ top_k: "top-k", top_p: "top-p", min_p: "min-p",
-  repetition_penalty: "repetition penalty" }[name] || name);
+// A setting as its label on the page calls it (top-k, repetition penalty).
+const settingLabel = (name) => document.getElementById(name).closest("label").textContent.trim();
 
 // Dim what does not apply and say so under the settings when the reader set one of them.
 function markInert() {
