@@ -21,7 +21,8 @@ class SettingField:
     kind: str
     """`int`, `float`, `str`, `bool` or `dict` (from the annotation)."""
     optional: bool
-    """None is an accepted value (written `none` on the command line, empty on the page)."""
+    """None is an accepted value (`none` on train's command line, a flag left out on generate's, an
+    empty field on the page)."""
     default: Any
     doc: str
     """The docstring under the field, on one line."""

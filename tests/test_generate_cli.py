@@ -139,6 +139,7 @@ def test_generates_flags_are_the_generation_records_fields_with_their_defaults()
     (["--greedy", "--repetition-penalty", "1.3"], None),  # the penalty does move greedy's argmax
     (["--beams", "3", "--top-p", "0.9", "--repetition-penalty", "1.2"],
      ["--top-p, --repetition-penalty have no effect with --beams"]),
+    (["--beams", "3", "--temperature", "0"], ["--temperature has no effect with --beams"]),
     (["--beams", "3", "--length-penalty", "0.5"], None),
     (["--length-penalty", "0.5"], ["--length-penalty applies to beam search only"]),
     (["--stop", "", "--stop", "x"], ["an empty --stop matches nothing"]),

@@ -305,7 +305,7 @@ def ignored_generate_flags(args) -> str | None:
 
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     names, why = inert_settings(args.beams, args.greedy or args.temperature == 0, flag)
-    flags = [flag(name) for name in names if setting_given(name, getattr(args, name))]
+    flags = [flag(name) for name in names if setting_given(name, getattr(args, name), args.beams)]
     notes = [f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {why}"] if flags else []
     if args.beams == 1 and args.length_penalty != 1.0:
         notes.append("--length-penalty applies to beam search only")

@@ -12,13 +12,14 @@ the Engine that runs it (scratchlm.generation.engine).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field, fields, replace
 from numbers import Integral
 from typing import Any, Callable
 
 from scratchlm.errors import ConfigError
 from scratchlm.records import SettingField, setting_fields
-from scratchlm.generation.sampling import (SamplingOptions, check_length_penalty, check_max_new_tokens,
+from scratchlm.generation.options import (SamplingOptions, check_length_penalty, check_max_new_tokens,
                                            check_seed)
 
 
@@ -31,7 +32,7 @@ class GenerationSettings:
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
     """How each next token is chosen (not used by beam search, which ranks by log-probability)."""
     seed: int | None = None
-    """Seeds the draw's own torch.Generator: one seed, one output. None: fresh entropy."""
+    """Seeds the draw's own torch.Generator: one seed, one output; none given: fresh entropy."""
     stop: tuple[str, ...] = ()
     """The text ends before the first of these it holds (empty strings are left out)."""
     num_samples: int = 1
@@ -85,17 +86,22 @@ FRONT_END_DEFAULTS = {"max_new_tokens": 200}
 """Where a front end starts from another value than the record's (a library call's 100)."""
 
 
-def generation_fields() -> list[SettingField]:
-    """Every setting of one generation as flat rows, from the two records: GenerationSettings'
-    own with SamplingOptions' fields in the place of `sampling`. The command line's flags and the
-    playground's fields are made from these rows (their names, kinds, defaults and help)."""
+@functools.cache
+def _generation_fields() -> tuple[SettingField, ...]:
     rows = []
     for f in setting_fields(GenerationSettings):
         if f.name == "sampling":
             rows += setting_fields(SamplingOptions)
         else:
             rows.append(replace(f, default=FRONT_END_DEFAULTS.get(f.name, f.default)))
-    return rows
+    return tuple(rows)
+
+
+def generation_fields() -> list[SettingField]:
+    """Every setting of one generation as flat rows, from the two records: GenerationSettings'
+    own with SamplingOptions' fields in the place of `sampling`. The command line's flags and the
+    playground's fields are made from these rows (their names, kinds, defaults and help)."""
+    return list(_generation_fields())
 
 
 def inert_settings(beams: int, greedy: bool, spell: Callable[[str], str] = str) -> tuple[tuple[str, ...], str]:
@@ -113,10 +119,10 @@ def inert_settings(beams: int, greedy: bool, spell: Callable[[str], str] = str) 
     return (), ""
 
 
-def setting_given(name: str, value: Any) -> bool:
-    """Whether a front end's value of setting `name` was changed from where it starts: a temperature
-    of 0 is the switch to greedy decoding, not a sampling setting."""
-    if name == "temperature" and value == 0:
+def setting_given(name: str, value: Any, beams: int = 1) -> bool:
+    """Whether a front end's value of setting `name` was changed from where it starts. Without beams
+    a temperature of 0 is the switch to greedy decoding, not a sampling setting; beam search has
+    no use for any temperature."""
+    if name == "temperature" and value == 0 and beams == 1:
         return False
-    default = next(f.default for f in generation_fields() if f.name == name)
-    return value != default
+    return value != next(f.default for f in _generation_fields() if f.name == name)

@@ -48,7 +48,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
-from scratchlm.generation.sampling import SamplingOptions
+from scratchlm.generation.options import SamplingOptions
 from scratchlm.generation.settings import generation_fields, inert_settings
 from scratchlm.records import setting_fields
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors

@@ -13,15 +13,15 @@ function inertSettings() {
   return { names: [], why: "" };
 }
 
-// A setting the reader changed from its default (what the command line's warning names); a
-// temperature of 0 is the switch to greedy decoding (generation.settings.setting_given).
-function settingGiven(name) {
+// A setting the reader changed from its default (what the command line's warning names); without
+// beams a temperature of 0 is the switch to greedy decoding (generation.settings.setting_given).
+function settingGiven(name, beams) {
   const input = document.getElementById(name);
   if (input.type === "checkbox") return input.checked;
   const value = input.value.trim();
   if (value === "") return false;
   const field = GENERATION.fields.find((f) => f.name === name);
-  if (name === "temperature" && parseFloat(value) === 0) return false;
+  if (name === "temperature" && parseFloat(value) === 0 && beams === 1) return false;
   return field.default === null || parseFloat(value) !== field.default;
 }
 
@@ -37,7 +37,8 @@ function markInert() {
     if (inert) input.setAttribute("aria-describedby", "settings-note");
     else input.removeAttribute("aria-describedby");
   }
-  const given = names.filter(settingGiven).map(settingLabel);
+  const beams = parseInt($("#beams").value, 10) || 1;
+  const given = names.filter((name) => settingGiven(name, beams)).map(settingLabel);
   const note = $("#settings-note");
   note.textContent = given.length ? `${given.join(", ")} ${given.length === 1 ? "has" : "have"} no effect ${why}` : "";
   note.hidden = !given.length;
