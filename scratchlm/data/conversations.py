@@ -1,0 +1,148 @@
+"""Conversations in, as the ecosystem writes them: the data of supervised fine-tuning.
+
+A JSONL file (one conversation per line) or a parquet file (one per row) holds rows of either form
+Hugging Face's chat datasets use:
+
+    {"messages": [{"role": "system", "content": "..."}, {"role": "user", "content": "..."},
+                  {"role": "assistant", "content": "..."}, ...]}
+    {"prompt": "...", "completion": "..."}          one turn: a user message and the reply
+
+(a prompt or completion may also be a list of messages, as in TRL's conversational form). Other
+fields of a row are left alone. Each conversation is checked as it is read, and the first that is
+not one is an error naming its file and line (or row): an unknown role, a system message after
+the first, a message that is not a role and a text, a conversation with no assistant turn to learn
+from, a line that is not JSON, a file with no conversations at all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from scratchlm.errors import UserError
+from scratchlm.text.text_files import without_bom
+
+ROLES = ("system", "user", "assistant")
+PARQUET_ROWS = 256
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str
+    """system, user or assistant."""
+    content: str
+
+
+@dataclass(frozen=True)
+class Conversation:
+    messages: tuple[Message, ...]
+    """In order; a system message only first; at least one assistant message."""
+
+
+def read_conversations(path: str | Path) -> list[Conversation]:
+    """Every conversation of a .jsonl or .parquet file, checked (see the module's docstring)."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise UserError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
+    if path.suffix == ".jsonl":
+        rows = _jsonl_rows(path)
+    elif path.suffix == ".parquet":
+        rows = _parquet_rows(path)
+    else:
+        raise UserError(f"{path}: conversations come as .jsonl or .parquet, not {path.suffix or 'a file without a suffix'}")
+    found = [conversation(row, where) for row, where in rows]
+    if not found:
+        raise UserError(f"{path}: holds no conversations")
+    return found
+
+
+def conversation(row: Any, where: str) -> Conversation:
+    """One row as a Conversation, or a UserError that begins with `where` (file and line)."""
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object with \"messages\", or with \"prompt\" and \"completion\"")
+    if "messages" in row:
+        messages = _messages(row["messages"], where, "messages")
+    elif "prompt" in row and "completion" in row:
+        prompt, completion = row["prompt"], row["completion"]
+        messages = (_messages(prompt, where, "prompt") if isinstance(prompt, list) else (_text(prompt, where, "user"),))
+        messages += (_messages(completion, where, "completion") if isinstance(completion, list)
+                     else (_text(completion, where, "assistant"),))
+    else:
+        raise UserError(f"{where}: expected \"messages\", or \"prompt\" and \"completion\" "
+                        f"(fields: {', '.join(map(str, row)) or 'none'})")
+    if not any(m.role == "assistant" for m in messages):
+        raise UserError(f"{where}: no assistant message: a conversation needs a reply to learn from")
+    late = next((i for i, m in enumerate(messages) if m.role == "system" and i > 0), None)
+    if late is not None:
+        raise UserError(f"{where}: message {late + 1} is a system message; only the first may be")
+    return Conversation(messages)
+
+
+def _text(value: Any, where: str, role: str) -> Message:
+    if not isinstance(value, str):
+        raise UserError(f"{where}: the {'prompt' if role == 'user' else 'completion'} must be text or a list "
+                        f"of messages, got {type(value).__name__}")
+    return Message(role, _unicode(value, where))
+
+
+def _unicode(text: str, where: str) -> str:
+    """`text` itself, unless it holds a lone surrogate escape (half of a \\uXXXX pair: JSON allows
+    it, Unicode text cannot hold it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UserError(f"{where}: a message holds a lone surrogate escape (half of a \\uXXXX pair), "
+                        "which is not text") from None
+    return text
+
+
+def _messages(value: Any, where: str, field: str) -> tuple[Message, ...]:
+    if not isinstance(value, list) or not value:
+        raise UserError(f"{where}: \"{field}\" must be a non-empty list of messages")
+    out = []
+    for i, m in enumerate(value, 1):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+            raise UserError(f"{where}: {field} message {i} must be an object with a string \"role\" and \"content\"")
+        if m["role"] not in ROLES:
+            raise UserError(f"{where}: {field} message {i} has the role {m['role'][:40]!r}; "
+                            f"the roles are {', '.join(ROLES)}")
+        out.append(Message(m["role"], _unicode(m["content"], where)))
+    return tuple(out)
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            where = f"{path} line {lineno}"
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise UserError(f"{where}: not UTF-8 text (a bad byte at offset {exc.start})") from None
+            line = without_bom(line) if lineno == 1 else line
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except (ValueError, RecursionError) as exc:
+                why = exc.args[0] if isinstance(exc, ValueError) else "nested too deeply"
+                raise UserError(f"{where}: not valid JSON ({why})") from None
+            yield row, where
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
+    """Rows as dicts, a batch at a time (nested columns, messages among them, come back as lists)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path)
+    except (pa.ArrowException, OSError) as exc:
+        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+    done = 0
+    with pf:
+        for batch in pf.iter_batches(batch_size=PARQUET_ROWS):
+            for i, row in enumerate(batch.to_pylist()):
+                yield row, f"{path} row {done + i + 1:,}"
+            done += batch.num_rows
