@@ -216,11 +216,16 @@ def test_the_live_region_speaks_at_the_start_and_the_end_only(browser, served_sc
 
 
 @pytest.mark.parametrize("settings, dimmed, note", [
-    (dict(greedy=True, temperature=0.7, seed=3), {"temperature", "top_k", "top_p", "min_p", "seed"},
+    (dict(greedy=True, temperature=0.7, seed=3), {"temperature", "top_k", "top_p", "min_p", "seed", "length_penalty"},
      "temperature, seed have no effect with greedy decoding (it takes the likeliest token)"),
     (dict(greedy=True, beams=2), {"temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "greedy"},
      "greedy has no effect with beams (beam search ranks by log-probability)"),
-    (dict(greedy=False, beams=1, temperature=0.8), set(), None),
+    (dict(greedy=False, beams=1, temperature=0.8), {"length_penalty"}, None),
+    (dict(length_penalty=0.5), {"length_penalty"}, "length penalty applies to beam search only"),
+    (dict(greedy=True, seed=3, length_penalty=0.5), {"temperature", "top_k", "top_p", "min_p", "seed", "length_penalty"},
+     "seed has no effect with greedy decoding (it takes the likeliest token); length penalty applies to beam search only"),
+    (dict(beams=3, length_penalty=0.5), {"temperature", "top_k", "top_p", "min_p", "seed", "repetition_penalty", "greedy"},
+     None),
 ])
 def test_settings_that_do_not_apply_are_dimmed_with_the_command_lines_words(screen, settings, dimmed, note):
     _settings(screen, **settings)

@@ -301,14 +301,15 @@ def ignored_generate_flags(args) -> str | None:
     """A warning naming the flags given that this generation cannot use, or None: the settings
     `inert_settings` names for its kind of decoding, the length penalty without beams, and an
     empty stop string (it matches nothing)."""
-    from scratchlm.generation.settings import inert_settings, setting_given
+    from scratchlm.generation.settings import BEAM_ONLY, inert_settings, setting_given
 
     flag = lambda name: "--" + name.replace("_", "-")  # noqa: E731
     names, why = inert_settings(args.beams, args.greedy or args.temperature == 0, flag)
     flags = [flag(name) for name in names if setting_given(name, getattr(args, name), args.beams)]
     notes = [f"{', '.join(flags)} {'has' if len(flags) == 1 else 'have'} no effect {why}"] if flags else []
-    if args.beams == 1 and args.length_penalty != 1.0:
-        notes.append("--length-penalty applies to beam search only")
+    beam_only = [flag(name) for name in BEAM_ONLY if setting_given(name, getattr(args, name), args.beams)]
+    if args.beams == 1 and beam_only:
+        notes.append(f"{', '.join(beam_only)} {'applies' if len(beam_only) == 1 else 'apply'} to beam search only")
     if "" in args.stop:
         notes.append("an empty --stop matches nothing and is left out")
     return "; ".join(notes) or None

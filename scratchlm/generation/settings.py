@@ -104,6 +104,10 @@ def generation_fields() -> list[SettingField]:
     return list(_generation_fields())
 
 
+BEAM_ONLY = ("length_penalty",)
+"""The settings only beam search reads: with one beam they change nothing."""
+
+
 def inert_settings(beams: int, greedy: bool, spell: Callable[[str], str] = str) -> tuple[tuple[str, ...], str]:
     """(the settings that cannot change a generation of this kind, why): beam search ranks by
     the model's own log-probabilities, so no sampling option applies; greedy decoding (`greedy`,

@@ -49,7 +49,7 @@ from starlette.staticfiles import StaticFiles
 
 from scratchlm.errors import UserError
 from scratchlm.generation.options import SamplingOptions
-from scratchlm.generation.settings import generation_fields, inert_settings
+from scratchlm.generation.settings import BEAM_ONLY, generation_fields, inert_settings
 from scratchlm.records import setting_fields
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
 from scratchlm.serve.library import Loaded, RunLibrary, UnknownRun
@@ -249,7 +249,8 @@ class Playground:
         so settings.js and generate.js restate none of them."""
         inert = {kind: dict(zip(("names", "why"), inert_settings(*switches)))
                  for kind, switches in (("beams", (2, False)), ("greedy", (1, True)))}
-        settings = {"fields": [dataclasses.asdict(f) for f in PAGE_SETTINGS], "inert": inert}
+        settings = {"fields": [dataclasses.asdict(f) for f in PAGE_SETTINGS], "inert": inert,
+                    "beam_only": list(BEAM_ONLY)}
         script = f'"use strict";\n// made by the server (scratchlm/serve/app.py) from GenerationSettings and SamplingOptions\n' \
                  f"const GENERATION = {json.dumps(settings, ensure_ascii=False)};\n"
         return Response(script, media_type="text/javascript; charset=utf-8")

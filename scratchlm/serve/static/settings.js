@@ -28,20 +28,26 @@ function settingGiven(name, beams) {
 // A setting as its label on the page calls it (top-k, repetition penalty).
 const settingLabel = (name) => document.getElementById(name).closest("label").textContent.trim();
 
-// Dim what does not apply and say so under the settings when the reader set one of them.
+// Dim what does not apply and say so under the settings when the reader set one of them: what
+// this kind of decoding ignores, and with one beam what only beam search reads (length penalty).
 function markInert() {
   const { names, why } = inertSettings();
+  const beams = parseInt($("#beams").value, 10) || 1;
+  const beamOnly = beams === 1 ? GENERATION.beam_only : [];
   for (const input of document.querySelectorAll("#settings input")) {
-    const inert = names.includes(input.id);
+    const inert = names.includes(input.id) || beamOnly.includes(input.id);
     input.closest("label").classList.toggle("inert", inert);
     if (inert) input.setAttribute("aria-describedby", "settings-note");
     else input.removeAttribute("aria-describedby");
   }
-  const beams = parseInt($("#beams").value, 10) || 1;
   const given = names.filter((name) => settingGiven(name, beams)).map(settingLabel);
+  const unread = beamOnly.filter((name) => settingGiven(name, beams)).map(settingLabel);
+  const notes = [];
+  if (given.length) notes.push(`${given.join(", ")} ${given.length === 1 ? "has" : "have"} no effect ${why}`);
+  if (unread.length) notes.push(`${unread.join(", ")} ${unread.length === 1 ? "applies" : "apply"} to beam search only`);
   const note = $("#settings-note");
-  note.textContent = given.length ? `${given.join(", ")} ${given.length === 1 ? "has" : "have"} no effect ${why}` : "";
-  note.hidden = !given.length;
+  note.textContent = notes.join("; ");
+  note.hidden = !notes.length;
 }
 
 function wireSettings() {
