@@ -1,0 +1,70 @@
+"""The chat template: a conversation as one row of token ids, and which of them the model learns.
+
+Each turn is a role token, the turn's text, and an end token; the row starts with BOS, as every
+training document does:
+
+    <|bos|> <|system|> You are a poet. <|end|> <|user|> Write ... <|end|> <|assistant|> 床前... <|end|>
+
+The role and end tokens are special tokens of the run's tokenizer (never made from text, so a
+message cannot forge a turn). Supervised fine-tuning learns the replies: the loss mask marks each
+assistant turn's text and its end token (so the model learns where a reply stops), and nothing the
+user or the system wrote. A prompt for generation ends with the assistant's role token: what the
+model writes next is the reply.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from scratchlm.errors import UserError
+
+ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
+END_TOKEN = "<|end|>"
+CHAT_TOKENS = (*ROLE_TOKENS.values(), END_TOKEN)
+"""The special tokens the template needs, in the order a tokenizer gains them."""
+
+
+@dataclass(frozen=True)
+class ChatRow:
+    ids: list[int]
+    """<|bos|>, then each turn: its role token, its text's ids, <|end|>."""
+    loss_mask: list[bool]
+    """Per id: whether the model is trained to predict it (an assistant's text and its end)."""
+
+    def targets(self, ignore_index: int = -100) -> list[int]:
+        """The row's next-token targets (len(ids) - 1): ids[t + 1] where the mask holds it,
+        else ignore_index, which the loss leaves out."""
+        return [i if keep else ignore_index for i, keep in zip(self.ids[1:], self.loss_mask[1:])]
+
+
+@dataclass(frozen=True)
+class ChatTemplate:
+    """The template over one tokenizer: its encode function and the ids of its special tokens."""
+
+    encode: Callable[[str], list[int]]
+    special: dict[str, int]
+    """Each of CHAT_TOKENS -> its id."""
+    bos_id: int
+
+    def __post_init__(self) -> None:
+        missing = [t for t in CHAT_TOKENS if t not in self.special]
+        if missing:
+            raise UserError(f"the tokenizer has no chat tokens {', '.join(missing)}; a run learns them in fine-tuning")
+
+    def render(self, messages: Sequence, train_on: str = "assistant") -> ChatRow:
+        """The conversation's row; `train_on`="all" learns every turn's text and end, not only
+        the replies (the role tokens and BOS are never targets: they are the template's)."""
+        if train_on not in ("assistant", "all"):
+            raise UserError(f"--train_on must be assistant or all, got {train_on!r}")
+        ids, mask = [self.bos_id], [False]
+        for m in messages:
+            learned = m.role == "assistant" or train_on == "all"
+            text = self.encode(m.content)
+            ids += [self.special[ROLE_TOKENS[m.role]], *text, self.special[END_TOKEN]]
+            mask += [False, *([learned] * len(text)), learned]
+        return ChatRow(ids, mask)
+
+    def prompt(self, messages: Sequence) -> list[int]:
+        """The ids a reply is generated after: the conversation so far, then <|assistant|>."""
+        return [*self.render(messages).ids, self.special[ROLE_TOKENS["assistant"]]]
