@@ -43,6 +43,14 @@ def test_train_on_all_learns_every_turns_text_but_never_the_templates_own_tokens
         TEMPLATE.render(CHAT, train_on="prompt")
 
 
+def test_messages_before_learn_from_are_context_only():
+    """A prompt-completion row: the prompt's own reply (cde) is context; only the completion's is learned."""
+    row = TEMPLATE.render(CHAT, learn_from=3)
+    assert [i for i, keep in zip(row.ids, row.loss_mask) if keep] == [6, 13]
+    with pytest.raises(UserError, match="message 1 has the role 'tool'"):
+        TEMPLATE.render([Message("tool", "x")])
+
+
 def test_a_prompt_ends_with_the_assistants_role_token():
     assert TEMPLATE.prompt(CHAT[:2]) == [9, 10, 7, 13, 11, 0, 1, 13, 12]
 
@@ -53,11 +61,18 @@ def test_a_tokenizer_without_the_chat_tokens_is_refused_naming_them():
 
 
 @pytest.mark.parametrize("fused", [False, True])
-def test_the_models_loss_on_a_rows_targets_is_the_mean_over_the_learned_positions(fused):
+def test_the_models_loss_on_a_rows_targets_is_the_mean_over_the_learned_positions(fused, monkeypatch):
     """The SFT objective is the model's own loss with the unlearned targets ignored: the same
     number as -log softmax(logits)[target] averaged by hand over the learned positions only."""
+    from scratchlm.model import gpt as model_module
     from scratchlm.model.config import GPTConfig
     from scratchlm.model.gpt import GPT
+
+    calls = []
+    if fused:  # the fused path at this tiny size, and seen to be taken
+        fused_fn = model_module.linear_cross_entropy
+        monkeypatch.setattr(model_module, "FUSED_LOSS_MIN_SCORES", 0)
+        monkeypatch.setattr(model_module, "linear_cross_entropy", lambda *a, **k: calls.append(1) or fused_fn(*a, **k))
 
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=16, block_size=32, n_layer=1, n_head=2, n_embd=16, dropout=0.0)).eval()
@@ -70,5 +85,5 @@ def test_the_models_loss_on_a_rows_targets_is_the_mean_over_the_learned_position
     logp = torch.log_softmax(logits[0].double(), dim=-1)
     kept = [(t, target) for t, target in enumerate(row.targets()) if target != -100]
     by_hand = -sum(float(logp[t, target]) for t, target in kept) / len(kept)
-    assert len(kept) == 6
+    assert len(kept) == 6 and len(calls) == int(fused)
     assert math.isclose(float(loss), by_hand, rel_tol=1e-5)

@@ -24,10 +24,10 @@ ROWS = [
 EXPECTED = [
     Conversation((Message("system", "你是一位唐代诗人。"), Message("user", "写一首五言绝句，题为《静夜思》。"),
                   Message("assistant", POEM))),
-    Conversation((Message("user", "续写：床前明月光，疑是地上霜。"), Message("assistant", "举头望明月，低头思故乡。"))),
+    Conversation((Message("user", "续写：床前明月光，疑是地上霜。"), Message("assistant", "举头望明月，低头思故乡。")), 1),
     Conversation((Message("user", "hi"), Message("assistant", "hello"), Message("user", "again"),
                   Message("assistant", ""))),
-    Conversation((Message("user", "q"), Message("assistant", "a"))),
+    Conversation((Message("user", "q"), Message("assistant", "a")), 1),
 ]
 
 
@@ -53,8 +53,13 @@ def test_parquet_rows_read_as_the_same_conversations(tmp_path):
     pairs = [{"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}]
     pq.write_table(pa.Table.from_pylist(pairs), tmp_path / "pairs.parquet")
     assert read_conversations(tmp_path / "pairs.parquet") == [
-        Conversation((Message("user", "a"), Message("assistant", "b"))),
-        Conversation((Message("user", "c"), Message("assistant", "d")))]
+        Conversation((Message("user", "a"), Message("assistant", "b")), 1),
+        Conversation((Message("user", "c"), Message("assistant", "d")), 1)]
+    both = [{**ROWS[0], "prompt": None, "completion": None},  # each row's other columns hold nulls
+            {"messages": None, "prompt": "a", "completion": "b"}]
+    pq.write_table(pa.Table.from_pylist(both), tmp_path / "both.PARQUET")
+    assert read_conversations(tmp_path / "both.PARQUET") == [
+        EXPECTED[0], Conversation((Message("user", "a"), Message("assistant", "b")), 1)]
 
 
 @pytest.mark.parametrize("line, words", [
@@ -64,14 +69,23 @@ def test_parquet_rows_read_as_the_same_conversations(tmp_path):
     ('{"messages": [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}, '
      '{"role": "assistant", "content": "a"}]}', "line 2: message 2 is a system message; only the first may be"),
     ('{"messages": [{"role": "user"}, {"role": "assistant", "content": "a"}]}',
+     'line 2: messages message 1: "content" must be text or a list of text parts, got null'),
+    ('{"messages": [{"content": "q"}, {"role": "assistant", "content": "a"}]}',
      'line 2: messages message 1 must be an object with a string "role" and "content"'),
     ('{"messages": []}', 'line 2: "messages" must be a non-empty list of messages'),
     ('{"messages": "hello"}', 'line 2: "messages" must be a non-empty list of messages'),
-    ('{"prompt": "q", "completion": 3}', "line 2: the completion must be text or a list of messages, got int"),
-    ('{"text": "just text"}', 'line 2: expected "messages", or "prompt" and "completion" (fields: text)'),
+    ('{"prompt": "q", "completion": 3}', "line 2: the completion must be text or a list of messages, got a number"),
+    ('{"text": "just text"}', 'line 2: expected "messages", or "prompt" and "completion" (fields: \'text\')'),
     ('["user", "assistant"]', 'line 2: expected a JSON object'),
     ('{"messages": [', "line 2: not valid JSON"),
     ('{"prompt": "\\ud83d", "completion": "a"}', "line 2: a message holds a lone surrogate escape"),
+    ('{"messages": [{"role": "user", "content": null}, {"role": "assistant", "content": "a"}]}',
+     'line 2: messages message 1: "content" must be text or a list of text parts, got null'),
+    ('{"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}, '
+     '{"role": "assistant", "content": "a"}]}', "messages message 1: holds a part of type 'image'"),
+    ('{"prompt": [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}], '
+     '"completion": [{"role": "user", "content": "more?"}]}', "line 2: no assistant message in the completion"),
+    ('{"x\\ny": 1}', "(fields: 'x\\ny')"),
 ])
 def test_a_bad_row_is_one_error_naming_its_line(tmp_path, line, words):
     good = json.dumps(ROWS[1])
@@ -107,3 +121,17 @@ def test_a_bad_parquet_row_names_its_row(tmp_path):
     pq.write_table(pa.Table.from_pylist(rows), tmp_path / "chat.parquet")
     with pytest.raises(UserError, match=r"chat\.parquet row 2: no assistant message"):
         read_conversations(tmp_path / "chat.parquet")
+
+
+def test_text_parts_are_joined_and_a_prompts_own_replies_are_kept_apart(tmp_path):
+    """Content given as parts (the multimodal datasets' form) is its text parts joined; in TRL's
+    conversational prompt-completion form the prompt's assistant turns are context, not learned."""
+    parts = {"messages": [{"role": "user", "content": [{"type": "text", "text": "写"}, {"type": "text", "text": "诗"}]},
+                          {"role": "assistant", "content": [{"type": "text", "text": "床前"}]}]}
+    trl = {"prompt": [{"role": "user", "content": "q1"}, {"role": "assistant", "content": "a1"},
+                      {"role": "user", "content": "q2"}],
+           "completion": [{"role": "assistant", "content": "a2"}]}
+    got = read_conversations(_jsonl(tmp_path, [json.dumps(parts, ensure_ascii=False), json.dumps(trl)]))
+    assert got == [Conversation((Message("user", "写诗"), Message("assistant", "床前"))),
+                   Conversation((Message("user", "q1"), Message("assistant", "a1"), Message("user", "q2"),
+                                 Message("assistant", "a2")), 3)]

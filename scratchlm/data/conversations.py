@@ -7,8 +7,10 @@ Hugging Face's chat datasets use:
                   {"role": "assistant", "content": "..."}, ...]}
     {"prompt": "...", "completion": "..."}          one turn: a user message and the reply
 
-(a prompt or completion may also be a list of messages, as in TRL's conversational form). Other
-fields of a row are left alone. Each conversation is checked as it is read, and the first that is
+(a prompt or completion may also be a list of messages, as in TRL's conversational form; then only
+the completion's replies are learned, as TRL learns them). A message's content is text, or a list
+of parts of which only text parts ({"type": "text", "text": ...}) are taken. Other fields of a row
+are left alone. Each conversation is checked as it is read, and the first that is
 not one is an error naming its file and line (or row): an unknown role, a system message after
 the first, a message that is not a role and a text, a conversation with no assistant turn to learn
 from, a line that is not JSON, a file with no conversations at all.
@@ -39,6 +41,8 @@ class Message:
 class Conversation:
     messages: tuple[Message, ...]
     """In order; a system message only first; at least one assistant message."""
+    learn_from: int = 0
+    """The first message whose replies fine-tuning learns: a prompt-completion row's completion."""
 
 
 def read_conversations(path: str | Path) -> list[Conversation]:
@@ -46,9 +50,9 @@ def read_conversations(path: str | Path) -> list[Conversation]:
     path = Path(path).expanduser()
     if not path.is_file():
         raise UserError(f"{path}: no such file" if not path.exists() else f"{path}: not a file")
-    if path.suffix == ".jsonl":
+    if path.suffix.lower() == ".jsonl":
         rows = _jsonl_rows(path)
-    elif path.suffix == ".parquet":
+    elif path.suffix.lower() == ".parquet":
         rows = _parquet_rows(path)
     else:
         raise UserError(f"{path}: conversations come as .jsonl or .parquet, not {path.suffix or 'a file without a suffix'}")
@@ -62,28 +66,32 @@ def conversation(row: Any, where: str) -> Conversation:
     """One row as a Conversation, or a UserError that begins with `where` (file and line)."""
     if not isinstance(row, dict):
         raise UserError(f"{where}: expected a JSON object with \"messages\", or with \"prompt\" and \"completion\"")
-    if "messages" in row:
+    learn_from = 0
+    if row.get("messages") is not None:  # a parquet file of both forms holds nulls in the other's columns
         messages = _messages(row["messages"], where, "messages")
-    elif "prompt" in row and "completion" in row:
+    elif row.get("prompt") is not None and row.get("completion") is not None:
         prompt, completion = row["prompt"], row["completion"]
         messages = (_messages(prompt, where, "prompt") if isinstance(prompt, list) else (_text(prompt, where, "user"),))
+        learn_from = len(messages)
         messages += (_messages(completion, where, "completion") if isinstance(completion, list)
                      else (_text(completion, where, "assistant"),))
     else:
+        names = [repr(str(k))[:40] for k in row][:8] + (["..."] if len(row) > 8 else [])
         raise UserError(f"{where}: expected \"messages\", or \"prompt\" and \"completion\" "
-                        f"(fields: {', '.join(map(str, row)) or 'none'})")
-    if not any(m.role == "assistant" for m in messages):
-        raise UserError(f"{where}: no assistant message: a conversation needs a reply to learn from")
+                        f"(fields: {', '.join(names) or 'none'})")
+    if not any(m.role == "assistant" for m in messages[learn_from:]):
+        raise UserError(f"{where}: no assistant message{' in the completion' if learn_from else ''}: "
+                        "a conversation needs a reply to learn from")
     late = next((i for i, m in enumerate(messages) if m.role == "system" and i > 0), None)
     if late is not None:
         raise UserError(f"{where}: message {late + 1} is a system message; only the first may be")
-    return Conversation(messages)
+    return Conversation(messages, learn_from)
 
 
 def _text(value: Any, where: str, role: str) -> Message:
     if not isinstance(value, str):
         raise UserError(f"{where}: the {'prompt' if role == 'user' else 'completion'} must be text or a list "
-                        f"of messages, got {type(value).__name__}")
+                        f"of messages, got {_json_kind(value)}")
     return Message(role, _unicode(value, where))
 
 
@@ -103,13 +111,31 @@ def _messages(value: Any, where: str, field: str) -> tuple[Message, ...]:
         raise UserError(f"{where}: \"{field}\" must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value, 1):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise UserError(f"{where}: {field} message {i} must be an object with a string \"role\" and \"content\"")
         if m["role"] not in ROLES:
             raise UserError(f"{where}: {field} message {i} has the role {m['role'][:40]!r}; "
                             f"the roles are {', '.join(ROLES)}")
-        out.append(Message(m["role"], _unicode(m["content"], where)))
+        out.append(Message(m["role"], _unicode(_content(m.get("content"), f"{where}: {field} message {i}"), where)))
     return tuple(out)
+
+
+def _content(content: Any, where: str) -> str:
+    """A message's text: a string, or the text parts of a list of parts joined."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) for p in content):
+        other = next((p.get("type") for p in content if p.get("type") != "text"), None)
+        if other is not None:
+            raise UserError(f"{where}: holds a part of type {str(other)[:20]!r}; only text parts can be learned")
+        if all(isinstance(p.get("text"), str) for p in content):
+            return "".join(p["text"] for p in content)
+    raise UserError(f"{where}: \"content\" must be text or a list of text parts, got {_json_kind(content)}")
+
+
+def _json_kind(value: Any) -> str:
+    return {type(None): "null", bool: "a boolean", int: "a number", float: "a number", str: "text",
+            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
 
 
 def _jsonl_rows(path: Path) -> Iterator[tuple[Any, str]]:
@@ -139,10 +165,21 @@ def _parquet_rows(path: Path) -> Iterator[tuple[Any, str]]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowException, OSError) as exc:
-        raise UserError(f"{path}: not a readable parquet file ({exc})") from None
+        raise UserError(f"{path}: not a readable parquet file ({_first_line(exc)})") from None
     done = 0
+    batches = pf.iter_batches(batch_size=PARQUET_ROWS)
     with pf:
-        for batch in pf.iter_batches(batch_size=PARQUET_ROWS):
+        while True:
+            try:
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                raise UserError(f"{path}: cannot read row {done + 1:,} on ({_first_line(exc)})") from None
+            if batch is None:
+                return
             for i, row in enumerate(batch.to_pylist()):
                 yield row, f"{path} row {done + i + 1:,}"
             done += batch.num_rows
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0]

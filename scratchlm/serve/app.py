@@ -188,7 +188,7 @@ _KINDS = {"int": int, "float": float, "bool": bool}
 def generate_request(data: dict[str, Any], limits: Limits) -> GenerateRequest:
     """The request's options, checked: bounded sizes, and sampling options scratchlm accepts. A
     field it does not know (stop strings, several samples) is refused, not silently ignored."""
-    from scratchlm.generation.sampling import check_length_penalty, check_seed
+    from scratchlm.generation.options import check_length_penalty, check_seed
 
     unknown = sorted(str(name)[:40] for name in data if name not in GENERATE_FIELDS)
     if unknown:

@@ -52,14 +52,17 @@ class ChatTemplate:
         if missing:
             raise UserError(f"the tokenizer has no chat tokens {', '.join(missing)}; a run learns them in fine-tuning")
 
-    def render(self, messages: Sequence, train_on: str = "assistant") -> ChatRow:
+    def render(self, messages: Sequence, train_on: str = "assistant", learn_from: int = 0) -> ChatRow:
         """The conversation's row; `train_on`="all" learns every turn's text and end, not only
-        the replies (the role tokens and BOS are never targets: they are the template's)."""
+        the replies (the role tokens and BOS are never targets: they are the template's). Messages
+        before `learn_from` (a prompt-completion row's prompt) are never learned."""
         if train_on not in ("assistant", "all"):
             raise UserError(f"--train_on must be assistant or all, got {train_on!r}")
         ids, mask = [self.bos_id], [False]
-        for m in messages:
-            learned = m.role == "assistant" or train_on == "all"
+        for i, m in enumerate(messages):
+            if m.role not in ROLE_TOKENS:
+                raise UserError(f"message {i + 1} has the role {str(m.role)[:40]!r}; the roles are {', '.join(ROLE_TOKENS)}")
+            learned = i >= learn_from and (m.role == "assistant" or train_on == "all")
             text = self.encode(m.content)
             ids += [self.special[ROLE_TOKENS[m.role]], *text, self.special[END_TOKEN]]
             mask += [False, *([learned] * len(text)), learned]
