@@ -17,7 +17,9 @@ import numpy as np
 
 from scratchlm.errors import UserError
 from scratchlm.text.pieces import BYTE_OF_CHAR
-from scratchlm.text.token_names import BOS, CONFIG_FILE, EOS, GPT2_EOT_ID, GPT2_PATTERN, cpu_count, write_json
+from scratchlm.text.token_names import (
+    BOS, CONFIG_FILE, EOS, GPT2_EOT_ID, GPT2_PATTERN, cpu_count, is_special_spelling, write_json,
+)
 
 # ----------------------------------------------------------------------------------------------
 # bpe (Hugging Face tokenizers)
@@ -52,6 +54,24 @@ class BPETokenizer:
         self.cut_rule = "gpt2" if _plain_byte_level(json.loads(self._tok.to_str())) else None
         # what Hugging Face's decode(skip_special_tokens=True) leaves out
         self.special_ids = frozenset(i for i, t in self._tok.get_added_tokens_decoder().items() if t.special)
+
+    @property
+    def specials(self) -> dict[str, int]:
+        """Each special token's spelling -> its id."""
+        return {t.content: i for i, t in sorted(self._tok.get_added_tokens_decoder().items()) if t.special}
+
+    def with_tokens(self, specials: Sequence[str] = (), chars: Iterable[str] = ()) -> "BPETokenizer":
+        """This vocabulary with every id kept, then each of `specials` it lacks at the next free
+        ids, as Hugging Face's add_special_tokens appends them. `chars` is taken for the char
+        kind's sake: every character already has ids here (byte-level)."""
+        from tokenizers import AddedToken, Tokenizer
+
+        new = [t for t in dict.fromkeys(specials) if self._tok.token_to_id(t) is None]
+        if not new:
+            return self
+        grown = Tokenizer.from_str(self._tok.to_str())
+        grown.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in new])
+        return BPETokenizer(grown)
 
     @classmethod
     def train(cls, texts: Iterable[str], vocab_size: int = 8192, *, length: int | None = None) -> "BPETokenizer":
@@ -132,7 +152,7 @@ class BPETokenizer:
         spells each byte as one printable character, so a token's length is its byte count."""
         lengths = np.zeros(self.vocab_size, dtype=np.int64)
         for token, i in self._tok.get_vocab(with_added_tokens=True).items():
-            if i not in (self.bos_id, self.eos_id):
+            if i not in self.special_ids:
                 lengths[i] = len(token)
         return lengths
 
@@ -218,12 +238,29 @@ class GPT2Tokenizer:
         self.rank_file = rank_file
         self.vocab_size = encoding.n_vocab
         self.bos_id = self.eos_id = encoding.eot_token
-        self.special_ids = frozenset({encoding.eot_token})
+        self._specials = {t: encoding.encode_single_token(t) for t in encoding.special_tokens_set}
+        self.special_ids = frozenset(self._specials.values())
         self._byte_lengths: np.ndarray | None = None
 
+    @property
+    def specials(self) -> dict[str, int]:
+        """Each special token's spelling -> its id: <|endoftext|>, then those with_tokens added."""
+        return dict(sorted(self._specials.items(), key=lambda kv: kv[1]))
+
+    def with_tokens(self, specials: Sequence[str] = (), chars: Iterable[str] = ()) -> "GPT2Tokenizer":
+        """GPT-2's vocabulary with each of `specials` it lacks at 50257, 50258, ... (`chars`: see
+        BPETokenizer.with_tokens)."""
+        known = self.specials
+        new = [t for t in dict.fromkeys(specials) if t not in known]
+        if not new:
+            return self
+        grown = known | {t: self.vocab_size + k for k, t in enumerate(new)}
+        return GPT2Tokenizer(_gpt2_encoding(self._enc._mergeable_ranks, grown), rank_file=self.rank_file)
+
     @classmethod
-    def from_rank_file(cls, path: str | os.PathLike) -> "GPT2Tokenizer":
-        import tiktoken
+    def from_rank_file(cls, path: str | os.PathLike, added: dict[str, int] | None = None) -> "GPT2Tokenizer":
+        """GPT-2's ranks from a gpt2.tiktoken file; `added`: special tokens past <|endoftext|>
+        (spelling -> id, as a saved tokenizer_config.json lists them)."""
         from tiktoken.load import load_tiktoken_bpe
 
         path = Path(path)
@@ -235,10 +272,12 @@ class GPT2Tokenizer:
             raise UserError(f"{path}: not a tiktoken rank file ({exc})") from None
         if len(ranks) != GPT2_EOT_ID:
             raise UserError(f"{path}: holds {len(ranks)} ranks, GPT-2's file has {GPT2_EOT_ID}")
-        enc = tiktoken.Encoding(
-            name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens={EOS: GPT2_EOT_ID}
-        )
-        return cls(enc, rank_file=path)
+        added = dict(added or {})
+        if EOS in added or sorted(added.values()) != list(range(GPT2_EOT_ID + 1, GPT2_EOT_ID + 1 + len(added))) or not all(
+                is_special_spelling(t) for t in added):
+            raise UserError(f"{path}: the added special tokens {sorted(added)[:4]} must be spelled <|name|> and take "
+                            f"the ids from {GPT2_EOT_ID + 1} on, one each")
+        return cls(_gpt2_encoding(ranks, {EOS: GPT2_EOT_ID, **added}), rank_file=path)
 
     @classmethod
     def from_tiktoken(cls) -> "GPT2Tokenizer":
@@ -284,7 +323,7 @@ class GPT2Tokenizer:
         if self._byte_lengths is None:
             lengths = [len(self._enc.decode_single_token_bytes(i)) for i in range(self.vocab_size)]
             self._byte_lengths = np.array(lengths, dtype=np.int64)
-            self._byte_lengths[self.eos_id] = 0
+            self._byte_lengths[sorted(self.special_ids)] = 0
         return self._byte_lengths
 
     def save(self, directory: str | os.PathLike) -> None:
@@ -303,7 +342,17 @@ class GPT2Tokenizer:
                 for i in range(GPT2_EOT_ID)
             ]
             target.write_text("\n".join(lines) + "\n", encoding="ascii")
-        write_json(directory / CONFIG_FILE, {"kind": self.kind, "file": "gpt2.tiktoken"})
+        config = {"kind": self.kind, "file": "gpt2.tiktoken"}
+        added = {t: i for t, i in self.specials.items() if t != EOS}
+        if added:
+            config["added"] = added
+        write_json(directory / CONFIG_FILE, config)
 
     def __repr__(self) -> str:
-        return "GPT2Tokenizer(vocab_size=50257)"
+        return f"GPT2Tokenizer(vocab_size={self.vocab_size})"
+
+
+def _gpt2_encoding(ranks: dict[bytes, int], special_tokens: dict[str, int]):
+    import tiktoken
+
+    return tiktoken.Encoding(name="gpt2", pat_str=GPT2_PATTERN, mergeable_ranks=ranks, special_tokens=special_tokens)

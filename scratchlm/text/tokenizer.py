@@ -103,6 +103,22 @@ class CharTokenizer:
         """piece -> id, in id order: every character, and the special tokens by their spelling."""
         return dict(self._ids)
 
+    @property
+    def specials(self) -> dict[str, int]:
+        """Each special token's spelling -> its id (<|bos|>, <|endoftext|>, <unk> if any, and
+        tokens added by with_tokens)."""
+        return {p: i for p, i in self._ids.items() if len(p) > 1}
+
+    def with_tokens(self, specials: Sequence[str] = (), chars: Iterable[str] = ()) -> "CharTokenizer":
+        """This vocabulary with every id kept, then each character of `chars` it lacks (in code
+        point order) and each of `specials` it lacks (in the order given), at the next free ids."""
+        ids = dict(self._ids)
+        new = sorted(set(chars) - set(ids)) + [t for t in dict.fromkeys(specials) if t not in ids]
+        for piece in new:
+            ids[piece] = max(ids.values()) + 1 if ids else 0
+        unk = None if self.unk_id is None else self._id_to_piece[self.unk_id]
+        return CharTokenizer.from_ids(ids, unk) if new else self
+
     @classmethod
     def train(cls, texts: Iterable[str], *, unk: bool = False) -> "CharTokenizer":
         seen: set[str] = set()
@@ -176,9 +192,9 @@ class CharTokenizer:
 def _check_char_ids(ids: dict[str, int], unk: str | None) -> None:
     """What a char vocabulary must be: single characters and the special tokens, each its own
     id >= 0, <|bos|> and <|endoftext|> among them."""
-    odd = [p for p in ids if len(p) != 1 and p not in (BOS, EOS, UNK)]
+    odd = [p for p in ids if len(p) != 1 and p != UNK and not is_special_spelling(p)]
     if odd:
-        raise UserError(f"piece {odd[0]!r} is neither one character nor {BOS}, {EOS} or {UNK}; "
+        raise UserError(f"piece {odd[0]!r} is neither one character, {UNK} nor a special token spelled <|name|>; "
                         "a char tokenizer cannot hold it")
     bad = [(p, i) for p, i in ids.items() if isinstance(i, bool) or not isinstance(i, int) or i < 0]
     if bad:
@@ -256,7 +272,10 @@ def load_tokenizer(directory: str | os.PathLike) -> Tokenizer:
     if kind == "bpe":
         return BPETokenizer.from_file(directory / config.get("file", "tokenizer.json"))
     if kind == "gpt2":
-        return GPT2Tokenizer.from_rank_file(directory / config.get("file", "gpt2.tiktoken"))
+        added = config.get("added") or {}
+        if not isinstance(added, dict) or not all(isinstance(i, int) and not isinstance(i, bool) for i in added.values()):
+            raise UserError(f"{config_path}: \"added\" must map each added special token to its id")
+        return GPT2Tokenizer.from_rank_file(directory / config.get("file", "gpt2.tiktoken"), added)
     raise UserError(f"{config_path}: unknown tokenizer kind {kind!r}")
 
 
