@@ -1,0 +1,66 @@
+"""New tokens in a trained model: its token embedding (and an untied head) gain rows for ids that a
+grown tokenizer added (the chat template's turns, characters the fine-tuning data brings), and
+every row the model had keeps its numbers.
+
+    before   wte (V, C), lm_head (V, C) [+ bias (V,)]; the tokenizer had n ids
+    after    wte (V', C), lm_head (V', C): V' = V while the new ids fit in its padding rows,
+             else the tokenizer's size rounded up to the run's pad multiple
+    a new id's rows start at the mean of the rows of the n ids it had: its embedding is an average
+             token's, and its logit is the mean logit of the old ones (h . mean(W) = mean(h . W)),
+             so a new token is neither ignored nor favoured before it is trained (Hugging Face's
+             resize_token_embeddings starts new rows near that mean for the same reason)
+
+Logits of the old ids are unchanged: a row of lm_head is read by its own id only. Their
+probabilities shift a little, since the softmax now also counts the new ids.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from scratchlm.model.gpt import GPT
+
+_ROWS = ("transformer.wte.weight", "lm_head.weight", "lm_head.bias")
+
+
+@torch.no_grad()
+def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multiple: int) -> tuple[GPT, str | None]:
+    """`model` with rows for `new_ids` (ids from `old_ids` on, which a grown tokenizer added),
+    and a line saying what changed (None when nothing did). A new model is returned when the
+    vocabulary must grow; else `model`, its new ids' rows set in place."""
+    new_ids = sorted(set(new_ids))
+    if not new_ids:
+        return model, None
+    if new_ids[0] < old_ids:
+        raise ValueError(f"new ids start at {new_ids[0]}, inside the {old_ids} ids the model was trained on")
+    cfg = model.config
+    rows = cfg.vocab_size
+    if new_ids[-1] >= rows:
+        rows = -(-(new_ids[-1] + 1) // pad_multiple) * pad_multiple
+        grown = GPT(cfg.replace(vocab_size=rows))
+        state = model.state_dict()
+        for name in _ROWS:
+            if name in state:
+                target = grown.state_dict()[name]
+                target.zero_()
+                target[: cfg.vocab_size] = state[name]
+                state[name] = target
+        grown.load_state_dict(state)
+        grown.train(model.training)
+        model = grown
+    for name in _ROWS:
+        tensor = model.get_parameter(name) if _has(model, name) else None
+        if tensor is not None:
+            tensor[new_ids] = tensor[:old_ids].mean(dim=0)
+    said = (f"the model's vocabulary grows by {len(new_ids)} tokens (rows {cfg.vocab_size} -> {rows}); "
+            "each new row starts at the mean of the old ones")
+    return model, said
+
+
+def _has(model: GPT, name: str) -> bool:
+    try:
+        return model.get_parameter(name) is not None
+    except AttributeError:
+        return False
