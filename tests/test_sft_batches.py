@@ -101,3 +101,33 @@ def test_the_loss_on_a_padded_batch_is_the_mean_over_each_rows_learned_targets_a
                     nll, count = nll - float(logp[t, target]), count + 1
     assert count == 6 + 3 + 1
     assert math.isclose(float(loss), nll / count, rel_tol=1e-5)
+
+
+@pytest.mark.parametrize("batch_size", [1, 2, 5])
+def test_the_held_out_loss_is_the_mean_of_minus_log_p_over_every_learned_target(batch_size):
+    """evaluate_rows, in batches of any size (padded, the last one short), against every row's
+    learned targets scored alone and averaged over all of them (not a mean of batch means)."""
+    from types import SimpleNamespace
+
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
+    from scratchlm.training.evaluation import evaluate_rows
+
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=80, block_size=16, n_layer=1, n_head=2, n_embd=16, dropout=0.0))
+    rows = [_row(9, 3, start=1), _row(4, 1, start=40), _row(6, 5, start=60), _row(20, 2, start=10)]  # the last cut to 17
+    setup = SimpleNamespace(cfg=SimpleNamespace(batch_size=batch_size, dtype="float32", fused_loss=False),
+                            device=torch.device("cpu"), d=Dist(), block_size=16)
+    got = evaluate_rows(model, setup, rows, pad_id=PAD)
+    assert model.training  # evaluation put it back
+    nll, count = 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            ids, mask = row.ids[:17], row.loss_mask[:17]
+            logits, _ = model.eval()(torch.tensor([ids[:-1]]))
+            logp = torch.log_softmax(logits[0].double(), dim=-1)
+            for t, (target, keep) in enumerate(zip(ids[1:], mask[1:])):
+                if keep:
+                    nll, count = nll - float(logp[t, target]), count + 1
+    assert count == 6 + 3 + 1 + 15
+    assert math.isclose(got, nll / count, rel_tol=1e-6)

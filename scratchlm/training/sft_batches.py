@@ -34,7 +34,7 @@ class ConversationBatches:
     def __init__(self, rows: Sequence[ChatRow], batch_size: int, block_size: int, seed: int, pad_id: int,
                  d: Dist | None = None):
         d = d or Dist()
-        self.rows = [_cut(row, block_size, i) for i, row in enumerate(rows)]
+        self.rows = cut_rows(rows, block_size)
         if len(self.rows) < batch_size * d.world_size:
             raise UserError(f"{len(self.rows):,} conversations are fewer than one step's batch of "
                             f"{batch_size * d.world_size:,}; use more data or a smaller --batch_size")
@@ -55,15 +55,7 @@ class ConversationBatches:
             self._order = self._shuffled(self.epoch)
         chosen = self._order[self.cursor : self.cursor + step][self.rank :: self.world_size]
         self.cursor += step
-        batch = [self.rows[i] for i in chosen]
-        T = max(len(row.ids) for row in batch) - 1
-        x = torch.full((len(batch), T), self.pad_id, dtype=torch.long)  # (B, T)
-        y = torch.full((len(batch), T), IGNORE, dtype=torch.long)  # (B, T)
-        for b, row in enumerate(batch):
-            n = len(row.ids) - 1
-            x[b, :n] = torch.tensor(row.ids[:-1])
-            y[b, :n] = torch.tensor(row.targets(IGNORE))
-        return x, y
+        return padded([self.rows[i] for i in chosen], self.pad_id)
 
     def state_dict(self) -> dict:
         return {"epoch": self.epoch, "cursor": self.cursor}
@@ -71,6 +63,24 @@ class ConversationBatches:
     def load_state_dict(self, state: dict) -> None:
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._shuffled(self.epoch)
+
+
+def padded(batch: Sequence[ChatRow], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, y), each (B, T) with T the longest row less one: each row's inputs and targets, right-
+    padded with pad_id in x and the ignore index in y (as is every position its mask does not learn)."""
+    T = max(len(row.ids) for row in batch) - 1
+    x = torch.full((len(batch), T), pad_id, dtype=torch.long)  # (B, T)
+    y = torch.full((len(batch), T), IGNORE, dtype=torch.long)  # (B, T)
+    for b, row in enumerate(batch):
+        n = len(row.ids) - 1
+        x[b, :n] = torch.tensor(row.ids[:-1])
+        y[b, :n] = torch.tensor(row.targets(IGNORE))
+    return x, y
+
+
+def cut_rows(rows: Sequence[ChatRow], block_size: int) -> list[ChatRow]:
+    """Each row cut to block_size + 1 ids; refused, naming it, when nothing it learns is left."""
+    return [_cut(row, block_size, i) for i, row in enumerate(rows)]
 
 
 def _cut(row: ChatRow, block_size: int, index: int) -> ChatRow:
