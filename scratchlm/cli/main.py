@@ -135,13 +135,30 @@ multi-node: torchrun --nnodes 2 --node_rank R --nproc_per_node 8 --rdzv-backend 
 """
 
 
+_SFT_EPILOG = """\
+The same loop as `train`, learning the replies of conversations: --data FILE.jsonl or .parquet with
+rows {"messages": [{"role": "user", "content": ...}, {"role": "assistant", "content": ...}]} or
+{"prompt": ..., "completion": ...}; --init_from the run, checkpoint or Hugging Face folder to start
+from. The chat template's tokens (and, for a char vocabulary, the conversations' new characters)
+are added to its tokenizer, with new model rows. --train_on all learns every turn's text.
+
+"""
+
+
 def _add_train(sub) -> None:
+    for name, preset, text, epilog in (
+            ("train", "shakespeare-char", "train a model (default preset: shakespeare-char)", _TRAIN_EPILOG),
+            ("sft", "sft", "fine-tune a trained model on conversations (supervised fine-tuning of the replies)",
+             _SFT_EPILOG + _TRAIN_EPILOG)):
+        _add_train_command(sub, name, preset, text, epilog)
+
+
+def _add_train_command(sub, name: str, preset: str, text: str, epilog: str) -> None:
     from scratchlm.training.train_config import TRAIN_PRESETS, cli_fields
 
-    p = sub.add_parser("train", help="train a model (default preset: shakespeare-char)", epilog=_TRAIN_EPILOG,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(name, help=text, epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default=None, choices=list(TRAIN_PRESETS),
-                   help="training preset (default: shakespeare-char, unless --resume)")
+                   help=f"training preset (default: {preset}, unless --resume)")
     p.add_argument("--resume", metavar="RUN_DIR", default=None,
                    help="continue the run in RUN_DIR from its latest checkpoint (its saved config, plus any flags given)")
     p.add_argument("--show-config", action="store_true", help="print the resolved config as JSON and exit")
@@ -150,7 +167,7 @@ def _add_train(sub) -> None:
     fields = cli_fields()  # --max-steps works too: _Parser respells it
     add_field_flags(train_group, [f for f in fields if not f.model])
     add_field_flags(model_group, [f for f in fields if f.model])
-    p.set_defaults(run=_run_train)
+    p.set_defaults(run=_run_train, default_preset=preset, command_stage="sft" if name == "sft" else None)
 
 
 def _run_train(args) -> int:
@@ -169,7 +186,9 @@ def _run_train(args) -> int:
         flags = ", ".join("--" + name for name in sorted(set(model_overrides) - {"dropout"}))
         raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout may change)")
     else:
-        cfg = config_from_preset(args.preset or "shakespeare-char", **train_overrides, model_overrides=model_overrides)
+        if args.command_stage:  # `scratchlm sft`: the stage whatever the preset
+            train_overrides.setdefault("stage", args.command_stage)
+        cfg = config_from_preset(args.preset or args.default_preset, **train_overrides, model_overrides=model_overrides)
         if cfg.init_from:  # the source's model: of the preset's model fields none apply, of the flags only --dropout
             cfg.model_overrides = dict(model_overrides)
     if args.show_config:

@@ -28,6 +28,7 @@ from scratchlm.text.text_files import without_bom
 
 ROLES = ("system", "user", "assistant")
 PARQUET_ROWS = 256
+CONVERSATION_SUFFIXES = (".jsonl", ".parquet")
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ gradient scaler and this process's batches. Built once, from what the run's setu
 from __future__ import annotations
 
 import random
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,6 +21,8 @@ from scratchlm import checkpoint as ckpt_io
 from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import apply_fsdp
 from scratchlm.training.optim import make_optimizer
+from scratchlm.training.sft_batches import ConversationBatches
+from scratchlm.training.vocab_rows import grow_vocabulary
 from scratchlm.training.setup import RunSetup
 
 
@@ -51,15 +54,28 @@ def build_model(setup: RunSetup) -> GPT:
     else:
         check_model_fits(setup.model_config, setup.device, training=True, batch=cfg.batch_size,  # before a byte
                          seq_len=setup.block_size, checkpointing=cfg.activation_checkpointing)  # of it is allocated
-        model = GPT(setup.model_config)
-        if setup.source is not None:
-            model.load_state_dict(setup.source.model.state_dict())
+        model = _source_model(setup) if setup.source is not None else GPT(setup.model_config)
     if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
         torch.manual_seed(cfg.seed + d.rank)
     model.to(setup.device).train()
     model.gradient_checkpointing = cfg.activation_checkpointing
     if setup.device.type == "cpu":  # float32's compiled attention and GELU (each steps aside where it does not apply)
         attach_training_kernels(model)
+    return model
+
+
+def _source_model(setup: RunSetup) -> GPT:
+    """The --init_from source's weights in a model of the run's config: the same, but for dropout
+    and, in fine-tuning, rows for the ids the tokenizer gained (scratchlm.training.vocab_rows)."""
+    source = setup.source.model
+    model = GPT(setup.model_config.replace(vocab_size=source.config.vocab_size))
+    model.load_state_dict(source.state_dict())
+    added = setup.fine_tuning.added_ids if setup.fine_tuning is not None else []
+    model, said = grow_vocabulary(model, setup.source.tokenizer.vocab_size, added, setup.cfg.pad_vocab_multiple)
+    if model.config != setup.model_config:
+        raise AssertionError(f"the source's model grew to {model.config}, not the run's {setup.model_config}")
+    if said and setup.d.is_main:
+        print(f"note: {said}", file=sys.stderr)
     return model
 
 
@@ -79,9 +95,19 @@ def make_parts(model: GPT, setup: RunSetup) -> TrainParts:
         forward=torch.compile(wrapped) if cfg.compile else wrapped,
         optimizer=make_optimizer(wrapped, cfg, device),
         scaler=torch.amp.GradScaler("cuda", enabled=cfg.dtype == "float16"),
-        batches=RankBatches(setup.train_tokens, cfg.batch_size, setup.block_size, cfg.seed, d,
-                            starts=_window_starts(setup) if cfg.windows == "lines" else None),
+        batches=_batches(setup),
     )
+
+
+def _batches(setup: RunSetup):
+    """This process's batches: windows of the training tokens, or the fine-tuning stage's
+    conversations (padded with EOS, which the targets leave out)."""
+    cfg, d = setup.cfg, setup.d
+    if setup.fine_tuning is not None:
+        return ConversationBatches(setup.fine_tuning.train_rows, cfg.batch_size, setup.block_size, cfg.seed,
+                                   pad_id=setup.tokenizer.eos_id, d=d)
+    return RankBatches(setup.train_tokens, cfg.batch_size, setup.block_size, cfg.seed, d,
+                       starts=_window_starts(setup) if cfg.windows == "lines" else None)
 
 
 def _window_starts(setup: RunSetup):

@@ -58,6 +58,9 @@ class RunSetup:
     train_tokens: Any
     val_tokens: Any
     model_config: GPTConfig
+    fine_tuning: Any = None
+    """The sft stage's conversations, rendered (a FineTuningData); None in pre-training, whose
+    data are train_tokens and val_tokens."""
 
     @property
     def block_size(self) -> int:
@@ -95,6 +98,8 @@ def set_up_run(cfg: TrainConfig, d: Dist, device: torch.device) -> RunSetup:
     run_dir, resume_ckpt, lock = run_folder.take_run_folder(cfg, d, device)  # 2. the folder is ours from here
     try:
         cfg = dataclasses.replace(cfg, out_dir=str(run_dir))
+        if cfg.stage == "sft":
+            return _set_up_fine_tuning(cfg, d, device, run_dir, resume_ckpt, lock)
         source = None
         if resume_ckpt is None and cfg.init_from:  # 3. the source's tokenizer: the new data is read with it
             source = _load_source(cfg)
@@ -115,6 +120,57 @@ def set_up_run(cfg: TrainConfig, d: Dist, device: torch.device) -> RunSetup:
         if lock is not None:
             lock.release()
         raise
+
+
+def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir: Path, resume_ckpt: Path | None,
+                        lock: RunLock | None) -> RunSetup:
+    """Steps 3 to 6 for the sft stage: the source's tokenizer (a resumed run's own) given the chat
+    tokens, the conversations read and rendered with it (scratchlm.training.sft_data), and the
+    source's model config with room for the new ids (the rows themselves: parts.build_model)."""
+    from scratchlm.data.conversations import CONVERSATION_SUFFIXES
+    from scratchlm.text.tokenizer import load_tokenizer
+    from scratchlm.training.sft_data import fine_tuning_data
+    from scratchlm.training.vocab_rows import rows_for
+
+    if Path(cfg.data).suffix.lower() not in CONVERSATION_SUFFIXES:
+        raise UserError(f"the sft stage learns from conversations: give --data FILE.jsonl or FILE.parquet "
+                        f"(got {cfg.data!r})")
+    source = None
+    if resume_ckpt is None:
+        if not cfg.init_from:
+            raise UserError("the sft stage fine-tunes a trained model: give --init_from RUN_OR_HF_DIR")
+        source = _load_source(cfg)
+        cfg = dataclasses.replace(cfg, tokenizer=source.tokenizer.kind, tokenizer_file=str(source.tokenizer_dir),
+                                  vocab_size=None)
+        base_tokenizer = source.tokenizer
+    else:
+        base_tokenizer = load_tokenizer(run_dir / ckpt_io.TOKENIZER_DIR)
+    data = fine_tuning_data(cfg.data, base_tokenizer, val_fraction=cfg.val_fraction, seed=cfg.seed,
+                            train_on=cfg.train_on)
+    shape = _model_shape(cfg, resume_ckpt, source)
+    if shape.vocab_size < data.tokenizer.vocab_size:
+        if resume_ckpt is not None:
+            raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the run's tokenizer")
+        shape = shape.replace(vocab_size=rows_for(shape.vocab_size, data.tokenizer.vocab_size, cfg.pad_vocab_multiple))
+    targets = sum(sum(row.loss_mask[1:]) for row in data.val_rows)
+    meta = {"train_tokens": sum(len(row.ids) for row in data.train_rows), "val_tokens": targets,
+            "val_bytes": data.val_bytes_per_target * targets, "sources": [_file_identity(Path(cfg.data))],
+            "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size}
+    if resume_ckpt is not None:
+        _check_same_data(run_dir, resume_ckpt, meta)
+    return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock, source=source,
+                    data_dir=Path(cfg.data), meta=meta, tokenizer=data.tokenizer, train_tokens=None, val_tokens=None,
+                    model_config=shape, fine_tuning=data)
+
+
+def _file_identity(path: Path) -> dict:
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"path": str(path), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _load_source(cfg: TrainConfig) -> Source:

@@ -37,7 +37,7 @@ from scratchlm.model.gpt import GPT
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist, all_max, all_mean, any_rank, setup_processes
 from scratchlm.training.ending import StopRequest, TrainResult, finish
-from scratchlm.training.evaluation import evaluate, evaluate_full, sample_text
+from scratchlm.training.evaluation import evaluate, evaluate_full, evaluate_rows, sample_text
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
 from scratchlm.training.parts import TrainParts, build_model, make_parts
 from scratchlm.training.precision import autocast
@@ -214,10 +214,14 @@ def _evaluate(setup: RunSetup, parts: TrainParts, log: RunLog, last: bool) -> tu
     """(validation loss, bits per byte), recorded and said: on eval_iters batches, or at the last
     step on the whole validation split when it holds at most full_eval_windows windows."""
     cfg = setup.cfg
-    full = last and (len(setup.val_tokens) - 1) // setup.block_size <= cfg.full_eval_windows
-    measure = evaluate_full if full else evaluate
-    log.evaluating(full)
-    val_loss = measure(parts.model, setup)
+    if setup.fine_tuning is not None:  # every held-out conversation, every time
+        log.evaluating(True)
+        val_loss = evaluate_rows(parts.model, setup, setup.fine_tuning.val_rows, setup.tokenizer.eos_id)
+        full = True
+    else:
+        full = last and (len(setup.val_tokens) - 1) // setup.block_size <= cfg.full_eval_windows
+        log.evaluating(full)
+        val_loss = (evaluate_full if full else evaluate)(parts.model, setup)
     bpb = val_loss / math.log(2) / setup.bytes_per_token
     log.evaluation(val_loss, bpb, full)
     return val_loss, bpb

@@ -17,6 +17,8 @@ from scratchlm.records import setting_fields
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 WINDOWS = ("anywhere", "lines")
+STAGES = ("pretrain", "sft")
+TRAIN_ON = ("assistant", "all")
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 OPTIMIZERS = ("adamw", "muon")
 
@@ -148,6 +150,12 @@ class TrainConfig:
     """Start from this trained model (a scratchlm run or checkpoint, or a local Hugging Face folder):
     its architecture, weights and tokenizer, with a fresh optimizer and schedule on `data`. Only
     `dropout` of the model fields may change."""
+    stage: str = "pretrain"
+    """What the loop learns: `pretrain` (the next token of text, from token shards) or `sft`
+    (supervised fine-tuning: the replies of the conversations in `data`, a .jsonl or .parquet file,
+    through the chat template, starting from `init_from`; `scratchlm sft` sets it)."""
+    train_on: str = "assistant"
+    """The sft stage's loss: on the replies only (`assistant`), or on every turn's text (`all`)."""
     progress: str = "auto"
     """`auto` (a progress bar on a terminal, log lines otherwise), `bar`, `lines` or `quiet`."""
     preset: str | None = None
@@ -175,6 +183,10 @@ class TrainConfig:
             raise ConfigError("threads", f"must be a positive whole number (or none for torch's default), got {self.threads!r}")
         if self.windows not in WINDOWS:
             raise ConfigError("windows", f"unknown {self.windows!r}; choose one of {', '.join(WINDOWS)}")
+        if self.stage not in STAGES:
+            raise ConfigError("stage", f"unknown {self.stage!r}; choose one of {', '.join(STAGES)}")
+        if self.train_on not in TRAIN_ON:
+            raise ConfigError("train_on", f"unknown {self.train_on!r}; choose one of {', '.join(TRAIN_ON)}")
         if self.lr_schedule not in LR_SCHEDULES:
             raise ConfigError("lr_schedule", f"unknown {self.lr_schedule!r}; choose one of {', '.join(LR_SCHEDULES)}")
         if self.dtype not in DTYPES:
@@ -238,7 +250,7 @@ class TrainConfig:
         return cls(**values)
 
 
-_ADDED_LATER = frozenset({"errors", "windows", "time_limit"})
+_ADDED_LATER = frozenset({"errors", "windows", "time_limit", "stage", "train_on"})
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on
@@ -286,6 +298,14 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         batch_size=4, max_steps=200,
         lr=3e-4, min_lr=3e-5, warmup_steps=20, eval_interval=100, eval_iters=20, log_interval=10,
         checkpoint_interval=100,
+    ),
+    # Supervised fine-tuning (`scratchlm sft`): the model, its size and its tokenizer are the
+    # --init_from source's; a tenth of pre-training's learning rate, short warmup, a few hundred
+    # steps on the replies of --data's conversations, and the held-out conversations' loss every 100.
+    "sft": dict(
+        model="smoke", tokenizer="char", data="conversations.jsonl", stage="sft", batch_size=8, max_steps=300,
+        lr=3e-4, min_lr=3e-5, warmup_steps=20, eval_interval=100, eval_iters=1, log_interval=10,
+        checkpoint_interval=100, sample_tokens=0,
     ),
     # GPT-2 small, nanoGPT-style: about 0.5M tokens per step with grad_accum 40 on one GPU.
     "gpt2-124m": dict(

@@ -36,9 +36,8 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
     if new_ids[0] < old_ids:
         raise ValueError(f"new ids start at {new_ids[0]}, inside the {old_ids} ids the model was trained on")
     cfg = model.config
-    rows = cfg.vocab_size
-    if new_ids[-1] >= rows:
-        rows = -(-(new_ids[-1] + 1) // pad_multiple) * pad_multiple
+    rows = rows_for(cfg.vocab_size, new_ids[-1] + 1, pad_multiple)
+    if rows > cfg.vocab_size:
         grown = GPT(cfg.replace(vocab_size=rows))
         state = model.state_dict()
         for name in _ROWS:
@@ -57,6 +56,12 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
     said = (f"the model's vocabulary grows by {len(new_ids)} tokens (rows {cfg.vocab_size} -> {rows}); "
             "each new row starts at the mean of the old ones")
     return model, said
+
+
+def rows_for(rows: int, ids: int, pad_multiple: int) -> int:
+    """The rows a model of `rows` needs for `ids` ids: its own while they fit, else `ids`
+    rounded up to the pad multiple."""
+    return rows if ids <= rows else -(-ids // pad_multiple) * pad_multiple
 
 
 def _has(model: GPT, name: str) -> bool:
