@@ -21,6 +21,19 @@ def cache_home() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "scratchlm"
 
 
+def file_record(path: str | os.PathLike) -> dict:
+    """What a data file is, for a run's record: its resolved path, size in bytes and sha256
+    (read in 4 MB blocks); two files with the same bytes are the same data wherever they lie."""
+    import hashlib
+
+    path = Path(path)
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return {"path": str(path.resolve()), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
 def umask() -> int:
     """The process's file-creation mask (read without changing it for long)."""
     mask = os.umask(0)

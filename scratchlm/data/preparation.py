@@ -40,7 +40,7 @@ from scratchlm.data.reading import Source, iter_pieces, resolve_sources, source_
 from scratchlm.data.shards import FORMAT_VERSION, read_meta, read_split, shard_dtype
 from scratchlm.data.writing import ShardWriter, read_positions, split_documents, split_tail
 from scratchlm.errors import ConfigError, UserError, check_folder_path
-from scratchlm.fileio import cache_home, out_of_room, why_write_failed
+from scratchlm.fileio import cache_home, file_record, out_of_room, why_write_failed
 
 
 # ----------------------------------------------------------------------------------------------
@@ -120,14 +120,7 @@ def _progress(total: int, enabled: bool | None):
 
 
 def _source_records(sources: list[Source]) -> list[dict]:
-    records = []
-    for s in sources:
-        digest = hashlib.sha256()
-        with open(s.path, "rb") as f:
-            for block in iter(lambda: f.read(1 << 22), b""):
-                digest.update(block)
-        records.append({"path": str(s.path.resolve()), "bytes": s.path.stat().st_size, "sha256": digest.hexdigest()})
-    return records
+    return [file_record(s.path) for s in sources]
 
 
 def _check_window(cfg: DataConfig, name: str, count: int) -> None:

@@ -128,6 +128,7 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
     tokens, the conversations read and rendered with it (scratchlm.training.sft_data), and the
     source's model config with room for the new ids (the rows themselves: parts.build_model)."""
     from scratchlm.data.conversations import CONVERSATION_SUFFIXES
+    from scratchlm.fileio import file_record
     from scratchlm.text.tokenizer import load_tokenizer
     from scratchlm.training.sft_data import fine_tuning_data
     from scratchlm.training.vocab_rows import rows_for
@@ -154,23 +155,13 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
         shape = shape.replace(vocab_size=rows_for(shape.vocab_size, data.tokenizer.vocab_size, cfg.pad_vocab_multiple))
     targets = sum(sum(row.loss_mask[1:]) for row in data.val_rows)
     meta = {"train_tokens": sum(len(row.ids) for row in data.train_rows), "val_tokens": targets,
-            "val_bytes": data.val_bytes_per_target * targets, "sources": [_file_identity(Path(cfg.data))],
+            "val_bytes": data.val_bytes_per_target * targets, "sources": [file_record(cfg.data)],
             "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size}
     if resume_ckpt is not None:
         _check_same_data(run_dir, resume_ckpt, meta)
     return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock, source=source,
                     data_dir=Path(cfg.data), meta=meta, tokenizer=data.tokenizer, train_tokens=None, val_tokens=None,
                     model_config=shape, fine_tuning=data)
-
-
-def _file_identity(path: Path) -> dict:
-    import hashlib
-
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return {"path": str(path), "bytes": path.stat().st_size, "sha256": digest.hexdigest()}
 
 
 def _load_source(cfg: TrainConfig) -> Source:
