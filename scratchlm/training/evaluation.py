@@ -60,13 +60,7 @@ def evaluate_full(model, setup: RunSetup) -> float:
                 _, loss = model(x, y, return_logits=not cfg.fused_loss)
             total += weight * loss.double() * y.numel()
             count += weight * y.numel()
-    if d.enabled:
-        import torch.distributed as dist
-
-        both = torch.stack([total, count])
-        dist.all_reduce(both)
-        total, count = both[0], both[1]
-    return float(total / count)
+    return _pooled_mean(total, count, d)
 
 
 @torch.no_grad()
@@ -90,6 +84,11 @@ def evaluate_rows(model, setup: RunSetup, rows: Sequence[ChatRow], pad_id: int) 
             n = int((y != IGNORE).sum())
             total += weight * loss.double() * n
             count += weight * n
+    return _pooled_mean(total, count, d)
+
+
+def _pooled_mean(total: torch.Tensor, count: torch.Tensor, d) -> float:
+    """total / count summed over every process: one mean over all their targets, not a mean of means."""
     if d.enabled:
         import torch.distributed as dist
 
