@@ -25,6 +25,12 @@ CHAT_TOKENS = (*ROLE_TOKENS.values(), END_TOKEN)
 """The special tokens the template needs, in the order a tokenizer gains them."""
 
 
+def learned(index: int, role: str, train_on: str = "assistant", learn_from: int = 0) -> bool:
+    """Whether message `index` (of `role`) is learned: a reply, or with `train_on`="all" any turn;
+    never a message before `learn_from`."""
+    return index >= learn_from and (role == "assistant" or train_on == "all")
+
+
 @dataclass(frozen=True)
 class ChatRow:
     ids: list[int]
@@ -62,10 +68,10 @@ class ChatTemplate:
         for i, m in enumerate(messages):
             if m.role not in ROLE_TOKENS:
                 raise UserError(f"message {i + 1} has the role {str(m.role)[:40]!r}; the roles are {', '.join(ROLE_TOKENS)}")
-            learned = i >= learn_from and (m.role == "assistant" or train_on == "all")
+            keep = learned(i, m.role, train_on, learn_from)
             text = self.encode(m.content)
             ids += [self.special[ROLE_TOKENS[m.role]], *text, self.special[END_TOKEN]]
-            mask += [False, *([learned] * len(text)), learned]
+            mask += [False, *([keep] * len(text)), keep]
         return ChatRow(ids, mask)
 
     def prompt(self, messages: Sequence) -> list[int]:

@@ -21,7 +21,7 @@ import numpy as np
 
 from scratchlm.data.conversations import Conversation, read_conversations
 from scratchlm.errors import UserError
-from scratchlm.text.chat import CHAT_TOKENS, ChatRow, ChatTemplate
+from scratchlm.text.chat import CHAT_TOKENS, ChatRow, ChatTemplate, learned
 
 
 @dataclass(frozen=True)
@@ -62,4 +62,4 @@ def fine_tuning_data(path: str | Path, tokenizer: Any, *, val_fraction: float, s
 def _learned_bytes(conversations: list[Conversation], train_on: str) -> int:
     """UTF-8 bytes of the messages the template learns in `conversations`."""
     return sum(len(m.content.encode("utf-8")) for c in conversations for i, m in enumerate(c.messages)
-               if i >= c.learn_from and (m.role == "assistant" or train_on == "all"))
+               if learned(i, m.role, train_on, c.learn_from))
