@@ -622,3 +622,14 @@ def saved_bytes(model: GPT, B: int, T: int, *, autocast: bool = False):
         h2.remove()
     loss.backward()  # the graph was complete
     return sum(seen.values()), sum(seen[k] for k in in_block0), sum(casts.values())
+
+
+def assert_same_weights(run_a: Path, run_b: Path) -> None:
+    """The two runs' latest checkpoints hold the same tensors, bit for bit, under the same names."""
+    from scratchlm.checkpoint import load_model
+
+    a, _, _ = load_model(run_a)
+    b, _, _ = load_model(run_b)
+    assert list(a.state_dict()) == list(b.state_dict())
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name

@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from scratchlm.errors import UserError
+from helpers import assert_same_weights
 from scratchlm.checkpoint import load_model
 from scratchlm.training.scoring import score_ids
 from scratchlm.training.train import TrainConfig, train
@@ -89,10 +90,7 @@ def test_a_fine_tune_resumes_exactly(tmp_path, source):
 
     again = train(resume_config(tmp_path / "split", max_steps=4))
     assert again.losses == {s: whole.losses[s] for s in (3, 4)}
-    a, _, _ = load_model(tmp_path / "whole")
-    b, _, _ = load_model(tmp_path / "split")
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), name
+    assert_same_weights(tmp_path / "whole", tmp_path / "split")
 
 
 @pytest.mark.parametrize("arch, layout", [

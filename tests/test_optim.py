@@ -19,7 +19,7 @@ from scratchlm.model.gpt import GPT
 from scratchlm import checkpoint as ck
 from scratchlm.training.optim import MuonWithAdamW
 from scratchlm.training.train import TrainConfig, make_optimizer, train
-from helpers import write_text  # the same small corpus
+from helpers import assert_same_weights, write_text  # the same small corpus
 
 CPU = torch.device("cpu")
 TINY_MODEL = dict(n_layer=2, n_head=2, n_embd=32, block_size=16, dropout=0.0)
@@ -417,10 +417,7 @@ def test_muon_trains_and_resumes_exactly(tmp_path):
     assert first.stopped and first.step == 10
     second = train(run_config(tmp_path, data, out_dir=None, resume=str(tmp_path / "b")))
     assert {**first.losses, **second.losses} == straight.losses  # exact, step by step
-    a, _, _ = ck.load_model(tmp_path / "a")
-    b, _, _ = ck.load_model(tmp_path / "b")
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), name
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
 
     # the saved Muon state cannot continue as AdamW (nor the other way round)
     with pytest.raises(UserError, match="--optimizer muon"):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from helpers import assert_same_weights
 from scratchlm.checkpoint import load_model
 from scratchlm.text.chat import CHAT_TOKENS
 from scratchlm.text.tokenizer import load_tokenizer
@@ -90,10 +91,7 @@ def test_a_fine_tune_resumes_exactly(tmp_path, base):
     train(_sft(tmp_path, "split", base, max_steps=2))
     again = train(resume_config(tmp_path / "split", max_steps=4))
     assert again.losses == {s: whole.losses[s] for s in (3, 4)}
-    a, _, _ = load_model(tmp_path / "whole")
-    b, _, _ = load_model(tmp_path / "split")
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), name
+    assert_same_weights(tmp_path / "whole", tmp_path / "split")
 
 
 @pytest.mark.parametrize("extra, words", [

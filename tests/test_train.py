@@ -19,7 +19,7 @@ from scratchlm.model.gpt import GPT
 from scratchlm import checkpoint as ck
 from scratchlm.training.train import TrainConfig, cli_fields, config_from_preset, learning_rate, make_optimizer, train
 
-from helpers import write_text
+from helpers import assert_same_weights, write_text
 
 TINY_MODEL = dict(n_layer=1, n_head=2, n_embd=32, block_size=16, dropout=0.0)
 
@@ -83,10 +83,7 @@ def test_resume_is_bit_exact(tmp_path):
     resumed = {**first.losses, **second.losses}
     assert resumed == straight.losses  # exact float equality, step by step
     assert second.val_loss == straight.val_loss
-    a, _, _ = ck.load_model(tmp_path / "a")
-    b, _, _ = ck.load_model(tmp_path / "b")
-    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
-        assert torch.equal(x, y), name
+    assert_same_weights(tmp_path / "a", tmp_path / "b")
 
 
 def test_an_existing_run_is_never_overwritten(tmp_path):
