@@ -49,10 +49,10 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
         grown.load_state_dict(state)
         grown.train(model.training)
         model = grown
+    params = dict(model.named_parameters())  # a tied head is wte itself, listed once
     for name in _ROWS:
-        tensor = model.get_parameter(name) if _has(model, name) else None
-        if tensor is not None:
-            tensor[new_ids] = tensor[:old_ids].mean(dim=0)
+        if name in params:
+            params[name][new_ids] = params[name][:old_ids].mean(dim=0)
     said = (f"the model's vocabulary grows by {len(new_ids)} tokens (rows {cfg.vocab_size} -> {rows}); "
             "each new row starts at the mean of the old ones")
     return model, said
@@ -61,11 +61,6 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
 def rows_for(rows: int, ids: int, pad_multiple: int) -> int:
     """The rows a model of `rows` needs for `ids` ids: its own while they fit, else `ids`
     rounded up to the pad multiple."""
-    return rows if ids <= rows else -(-ids // pad_multiple) * pad_multiple
+    from scratchlm.data.shards import padded_vocab_size
 
-
-def _has(model: GPT, name: str) -> bool:
-    try:
-        return model.get_parameter(name) is not None
-    except AttributeError:
-        return False
+    return rows if ids <= rows else padded_vocab_size(ids, pad_multiple)
