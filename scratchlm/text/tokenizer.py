@@ -112,12 +112,12 @@ class CharTokenizer:
     def with_tokens(self, specials: Sequence[str] = (), chars: Iterable[str] = ()) -> "CharTokenizer":
         """This vocabulary with every id kept, then each character of `chars` it lacks (in code
         point order) and each of `specials` it lacks (in the order given), at the next free ids."""
-        ids = dict(self._ids)
-        new = sorted(set(chars) - set(ids)) + [t for t in dict.fromkeys(specials) if t not in ids]
-        for piece in new:
-            ids[piece] = max(ids.values()) + 1 if ids else 0
+        new = sorted(set(chars) - set(self._ids)) + [t for t in dict.fromkeys(specials) if t not in self._ids]
+        if not new:
+            return self
+        ids = self._ids | {piece: self.vocab_size + k for k, piece in enumerate(new)}
         unk = None if self.unk_id is None else self._id_to_piece[self.unk_id]
-        return CharTokenizer.from_ids(ids, unk) if new else self
+        return CharTokenizer.from_ids(ids, unk)
 
     @classmethod
     def train(cls, texts: Iterable[str], *, unk: bool = False) -> "CharTokenizer":
