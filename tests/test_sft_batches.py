@@ -13,7 +13,7 @@ import torch
 from scratchlm.errors import UserError
 from scratchlm.text.chat import ChatRow
 from scratchlm.training.distributed import Dist
-from scratchlm.training.sft_batches import ConversationBatches
+from scratchlm.training.sft_batches import ConversationBatches, cut_rows
 
 PAD = 0
 
@@ -118,7 +118,7 @@ def test_the_held_out_loss_is_the_mean_of_minus_log_p_over_every_learned_target(
     rows = [_row(9, 3, start=1), _row(4, 1, start=40), _row(6, 5, start=60), _row(20, 2, start=10)]  # the last cut to 17
     setup = SimpleNamespace(cfg=SimpleNamespace(batch_size=batch_size, dtype="float32", fused_loss=False),
                             device=torch.device("cpu"), d=Dist(), block_size=16)
-    got = evaluate_rows(model, setup, rows, pad_id=PAD)
+    got = evaluate_rows(model, setup, cut_rows(rows, 16), pad_id=PAD)  # the run's rows come cut (sft_data)
     assert model.training  # evaluation put it back
     nll, count = 0.0, 0
     with torch.no_grad():

@@ -28,7 +28,7 @@ def _file(tmp_path, n=5):
 
 
 def test_rows_are_the_template_by_hand_and_the_held_out_ones_are_apart(tmp_path):
-    data = fine_tuning_data(_file(tmp_path), BASE, val_fraction=0.2, seed=3)
+    data = fine_tuning_data(_file(tmp_path), BASE, block_size=64, val_fraction=0.2, seed=3)
     tok = data.tokenizer
     new_chars = sorted(set("".join(REQUESTS + REPLIES)) - set(BASE.chars))
     assert new_chars and all(len(tok.encode(c)) == 1 for c in new_chars)
@@ -42,7 +42,7 @@ def test_rows_are_the_template_by_hand_and_the_held_out_ones_are_apart(tmp_path)
     (val,) = data.val_rows
     reply = REPLIES[by_hand.index(val.ids)]
     assert data.val_bytes_per_target == len(reply.encode("utf-8")) / (len(reply) + 1)  # its text, then <|end|>
-    again = fine_tuning_data(_file(tmp_path), BASE, val_fraction=0.2, seed=3)
+    again = fine_tuning_data(_file(tmp_path), BASE, block_size=64, val_fraction=0.2, seed=3)
     assert [r.ids for r in again.val_rows] == [val.ids]
 
 
@@ -50,11 +50,18 @@ def test_a_byte_level_vocabulary_gains_only_the_tokens(tmp_path):
     from scratchlm.text.tokenizer import train_tokenizer
 
     bpe = train_tokenizer("bpe", ["床前看月光 hello world " * 30], 300)
-    data = fine_tuning_data(_file(tmp_path), bpe, val_fraction=0.4, seed=0)
+    data = fine_tuning_data(_file(tmp_path), bpe, block_size=64, val_fraction=0.4, seed=0)
     assert data.added_ids == list(range(bpe.vocab_size, bpe.vocab_size + 4))
     assert len(data.val_rows) == 2
 
 
 def test_a_single_conversation_is_refused(tmp_path):
     with pytest.raises(UserError, match="holds one conversation"):
-        fine_tuning_data(_file(tmp_path, n=1), BASE, val_fraction=0.1, seed=0)
+        fine_tuning_data(_file(tmp_path, n=1), BASE, block_size=64, val_fraction=0.1, seed=0)
+
+
+def test_rows_are_cut_to_the_context_and_one_left_with_nothing_to_learn_names_its_line(tmp_path):
+    data = fine_tuning_data(_file(tmp_path), BASE, block_size=10, val_fraction=0.2, seed=3)
+    assert all(len(r.ids) <= 11 for r in data.train_rows + data.val_rows)
+    with pytest.raises(UserError, match=r"chat.jsonl line 1: nothing to learn within the context of 8 tokens"):
+        fine_tuning_data(_file(tmp_path), BASE, block_size=8, val_fraction=0.2, seed=3)  # 写一首诗。's reply starts at 9

@@ -19,6 +19,7 @@ import torch
 
 from helpers import assert_same_weights
 from scratchlm.checkpoint import load_model
+from scratchlm.errors import UserError
 from scratchlm.text.chat import CHAT_TOKENS
 from scratchlm.text.tokenizer import load_tokenizer
 from scratchlm.training.train import TrainConfig, resume_config, train
@@ -114,3 +115,56 @@ def test_bad_input_is_one_line_and_nothing_is_written(tmp_path, base, extra, wor
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], proc.stderr
     assert not out.exists()
+
+
+def test_the_log_counts_the_rows_real_tokens_not_their_padding(tmp_path, base):
+    # a batch of all six training conversations: every step trains on each of them once
+    result = train(_sft(tmp_path, "count", base, batch_size=6, max_steps=2))
+    tok = load_tokenizer(tmp_path / "count" / "tokenizer")
+    inputs = [len(tok.encode(q)) + len(tok.encode(a)) + 4 for q, a in CHATS]  # bos, user, end, assistant, end; less one
+    by_hand = {sum(inputs) - inputs[i] - inputs[j] for i, j in itertools.combinations(range(len(CHATS)), 2)}
+    assert result.tokens_seen % 2 == 0 and result.tokens_seen // 2 in by_hand
+    assert result.tokens_seen < 2 * 6 * MODEL["block_size"]
+
+
+def test_a_conversation_past_the_context_is_refused_before_training_naming_its_line(tmp_path, base):
+    path = _chat_file(tmp_path / "chat.jsonl")
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    lines[2] = json.dumps({"messages": [{"role": "user", "content": "写" * 40}, {"role": "assistant", "content": "月。"}]},
+                          ensure_ascii=False) + "\n"
+    path.write_text("".join(lines), encoding="utf-8")
+    cfg = _config(tmp_path, "long", data=str(path), stage="sft", init_from=str(base), val_fraction=0.25, model_overrides={})
+    with pytest.raises(UserError, match=r"chat.jsonl line 3: nothing to learn within the context of 32 tokens"):
+        train(cfg)
+    assert not (tmp_path / "long").exists()
+
+
+@pytest.mark.parametrize("change", [dict(val_fraction=0.5), dict(seed=7), dict(train_on="all")])
+def test_a_resume_refuses_another_split_or_loss_mask(tmp_path, base, change):
+    train(_sft(tmp_path, "run", base, max_steps=2))
+    before = sorted(p.name for p in (tmp_path / "run").rglob("*"))
+    with pytest.raises(UserError, match="cannot resume the fine-tuning batches"):
+        train(resume_config(tmp_path / "run", max_steps=4, **change))
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_a_resume_on_data_with_a_new_character_names_the_data(tmp_path, base):
+    train(_sft(tmp_path, "run", base, max_steps=2))
+    path = tmp_path / "chat.jsonl"
+    path.write_text(path.read_text(encoding="utf-8").replace("写山。", "写河。"), encoding="utf-8")  # 河: a new character
+    with pytest.raises(UserError, match="the training data changed since the run began"):
+        train(resume_config(tmp_path / "run", max_steps=4))
+
+
+def test_sft_refuses_a_pretraining_run_to_resume_and_pretraining_flags(tmp_path, base):
+    _chat_file(tmp_path / "chat.jsonl")
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
+    for args, words in (
+            (["--resume", str(base)], f"{base} is a pretrain run: continue it with `scratchlm train --resume"),
+            (["--init_from", str(base), "--data", str(tmp_path / "chat.jsonl"), "--out_dir", str(tmp_path / "o"),
+              "--eval_iters", "5"], "--eval_iters is a pre-training setting")):
+        proc = subprocess.run([sys.executable, "-m", "scratchlm", "sft", *args, "--progress", "quiet"],
+                              capture_output=True, text=True, timeout=300, env=env)
+        assert proc.returncode == 2 and proc.stderr.strip().splitlines() == [f"error: {proc.stderr.strip()[7:]}"]
+        assert words in proc.stderr, proc.stderr
+    assert not (tmp_path / "o").exists()

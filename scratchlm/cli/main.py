@@ -174,6 +174,7 @@ def _run_train(args) -> int:
     import json
 
     from scratchlm.training.train import config_from_preset, resume_config, train
+    from scratchlm.training.train_config import PRETRAIN_ONLY
 
     given = vars(args)
     train_overrides = {k[len("train."):]: v for k, v in given.items() if k.startswith("train.")}
@@ -182,6 +183,9 @@ def _run_train(args) -> int:
         if model_overrides or args.preset or train_overrides.get("init_from"):
             raise UserError("--resume continues an existing model; drop --preset, --init_from and the model flags")
         cfg = resume_config(args.resume, **train_overrides)
+        if args.command_stage and cfg.stage != args.command_stage:
+            raise UserError(f"{args.resume} is a {cfg.stage} run: continue it with `scratchlm train --resume "
+                            f"{args.resume}`, or fine-tune it with `scratchlm sft --init_from {args.resume}`")
     elif train_overrides.get("init_from") and set(model_overrides) - {"dropout"}:
         flags = ", ".join("--" + name for name in sorted(set(model_overrides) - {"dropout"}))
         raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout may change)")
@@ -191,6 +195,10 @@ def _run_train(args) -> int:
         cfg = config_from_preset(args.preset or args.default_preset, **train_overrides, model_overrides=model_overrides)
         if cfg.init_from:  # the source's model: of the preset's model fields none apply, of the flags only --dropout
             cfg.model_overrides = dict(model_overrides)
+    unused = [name for name in PRETRAIN_ONLY if name in train_overrides] if cfg.stage == "sft" else []
+    if unused:
+        raise UserError(f"--{unused[0]} is a pre-training setting: the sft stage takes the --init_from model's "
+                        "tokenizer, batches whole conversations and evaluates every held-out one; drop it")
     if args.show_config:
         print(json.dumps(cfg.to_dict(), indent=2))
         return 0

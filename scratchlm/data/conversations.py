@@ -18,8 +18,9 @@ from, a line that is not JSON, a file with no conversations at all.
 
 from __future__ import annotations
 
+import dataclasses
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -44,6 +45,8 @@ class Conversation:
     """In order; a system message only first; at least one assistant message."""
     learn_from: int = 0
     """The first message whose replies fine-tuning learns: a prompt-completion row's completion."""
+    where: str = field(default="", compare=False)
+    """Its file and line (or row), for a message that names it."""
 
 
 def read_conversations(path: str | Path) -> list[Conversation]:
@@ -57,7 +60,7 @@ def read_conversations(path: str | Path) -> list[Conversation]:
         rows = _parquet_rows(path)
     else:
         raise UserError(f"{path}: conversations come as .jsonl or .parquet, not {path.suffix or 'a file without a suffix'}")
-    found = [conversation(row, where) for row, where in rows]
+    found = [dataclasses.replace(conversation(row, where), where=where) for row, where in rows]
     if not found:
         raise UserError(f"{path}: holds no conversations")
     return found

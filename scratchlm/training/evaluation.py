@@ -14,7 +14,7 @@ from scratchlm.text.chat import ChatRow
 from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import all_mean
 from scratchlm.training.precision import autocast
-from scratchlm.training.sft_batches import IGNORE, cut_rows, padded
+from scratchlm.training.sft_batches import IGNORE, padded
 from scratchlm.training.setup import RunSetup
 
 
@@ -66,10 +66,10 @@ def evaluate_full(model, setup: RunSetup) -> float:
 @torch.no_grad()
 def evaluate_rows(model, setup: RunSetup, rows: Sequence[ChatRow], pad_id: int) -> float:
     """The fine-tuning stage's validation loss: the mean of -log p over every learned target of
-    the held-out rows (cut to the context), batch_size rows at a time; rows shared out over the
+    the held-out rows (cut to the context at setup: sft_data), batch_size rows at a time; rows shared out over the
     processes, each running as many forwards as the one with the most (FSDP gathers in each)."""
     cfg, device, d = setup.cfg, setup.device, setup.d
-    mine = list(cut_rows(rows, setup.block_size))[d.rank :: d.world_size]
+    mine = list(rows)[d.rank :: d.world_size]
     per_rank = -(-len(rows) // d.world_size)
     with eval_mode(model):
         total = torch.zeros((), device=device, dtype=torch.float64)
@@ -77,7 +77,7 @@ def evaluate_rows(model, setup: RunSetup, rows: Sequence[ChatRow], pad_id: int) 
         for i in range(0, per_rank, cfg.batch_size):
             batch, weight = mine[i : i + cfg.batch_size], 1.0
             if not batch:  # this process has run out: it repeats a row and leaves it out of the sums
-                batch, weight = list(cut_rows(rows[:1], setup.block_size)), 0.0
+                batch, weight = list(rows[:1]), 0.0
             x, y = padded(batch, pad_id)
             with autocast(device, cfg.dtype):
                 _, loss = model(x.to(device), y.to(device), return_logits=not cfg.fused_loss, ignore_index=IGNORE)

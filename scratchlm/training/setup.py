@@ -69,7 +69,7 @@ class RunSetup:
 
     @property
     def tokens_per_step(self) -> int:
-        """Tokens one optimizer step trains on, over every process."""
+        """Tokens one optimizer step trains on, over every process (the sft stage's padded rows: at most this)."""
         return self.cfg.batch_size * self.block_size * self.cfg.grad_accum * self.d.world_size
 
     @property
@@ -146,19 +146,19 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
         base_tokenizer = source.tokenizer
     else:
         base_tokenizer = load_tokenizer(run_dir / ckpt_io.TOKENIZER_DIR)
-    data = fine_tuning_data(cfg.data, base_tokenizer, val_fraction=cfg.val_fraction, seed=cfg.seed,
-                            train_on=cfg.train_on)
     shape = _model_shape(cfg, resume_ckpt, source)
-    if shape.vocab_size < data.tokenizer.vocab_size:
-        if resume_ckpt is not None:
-            raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the run's tokenizer")
-        shape = shape.replace(vocab_size=rows_for(shape.vocab_size, data.tokenizer.vocab_size, cfg.pad_vocab_multiple))
+    data = fine_tuning_data(cfg.data, base_tokenizer, block_size=shape.block_size, val_fraction=cfg.val_fraction,
+                            seed=cfg.seed, train_on=cfg.train_on)
     targets = sum(sum(row.loss_mask[1:]) for row in data.val_rows)
     meta = {"train_tokens": sum(len(row.ids) for row in data.train_rows), "val_tokens": targets,
             "val_bytes": data.val_bytes_per_target * targets, "sources": [file_record(cfg.data)],
             "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size}
-    if resume_ckpt is not None:
+    if resume_ckpt is not None:  # other data first: it is why a vocabulary would have grown
         _check_same_data(run_dir, resume_ckpt, meta)
+    if shape.vocab_size < data.tokenizer.vocab_size:
+        if resume_ckpt is not None:
+            raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the run's tokenizer")
+        shape = shape.replace(vocab_size=rows_for(shape.vocab_size, data.tokenizer.vocab_size, cfg.pad_vocab_multiple))
     return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock, source=source,
                     data_dir=Path(cfg.data), meta=meta, tokenizer=data.tokenizer, train_tokens=None, val_tokens=None,
                     model_config=shape, fine_tuning=data)

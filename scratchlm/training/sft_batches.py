@@ -16,6 +16,7 @@ averages those means (as Hugging Face's Trainer does by default), not one mean o
 
 from __future__ import annotations
 
+import hashlib
 from typing import Sequence
 
 import numpy as np
@@ -42,6 +43,8 @@ class ConversationBatches:
         self.rank, self.world_size = d.rank, d.world_size
         self.epoch, self.cursor = 0, 0
         self._order = self._shuffled(0)
+        self.drawn = 0
+        """Real (unpadded) input positions of every global batch drawn so far (the loop's token count)."""
 
     def _shuffled(self, epoch: int) -> np.ndarray:
         return np.random.default_rng(self.seed + epoch).permutation(len(self.rows))
@@ -53,16 +56,33 @@ class ConversationBatches:
         if self.cursor + step > len(self._order):
             self.epoch, self.cursor = self.epoch + 1, 0
             self._order = self._shuffled(self.epoch)
-        chosen = self._order[self.cursor : self.cursor + step][self.rank :: self.world_size]
+        everyone = self._order[self.cursor : self.cursor + step]
         self.cursor += step
-        return padded([self.rows[i] for i in chosen], self.pad_id)
+        self.drawn += sum(len(self.rows[i].ids) - 1 for i in everyone)
+        return padded([self.rows[i] for i in everyone[self.rank :: self.world_size]], self.pad_id)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor}
+        return {"epoch": self.epoch, "cursor": self.cursor, "rows": len(self.rows), "rows_sha256": self._digest(),
+                "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
+        """Continue where `state` was taken, on the same rows: other rows (another held-out split,
+        loss mask or context) would train on what was held out, or on other targets."""
+        then = (state.get("rows"), state.get("rows_sha256"), state.get("seed"))
+        if then != (len(self.rows), self._digest(), self.seed):
+            raise UserError(f"cannot resume the fine-tuning batches: the run trained on {then[0]} rows (seed "
+                            f"{then[2]}), now {len(self.rows)} other rows (seed {self.seed}); give the run's own "
+                            "--val_fraction, --seed and --train_on")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._shuffled(self.epoch)
+
+    def _digest(self) -> str:
+        """sha256 over every row's ids and loss mask, in order."""
+        h = hashlib.sha256()
+        for row in self.rows:
+            h.update(np.asarray(row.ids, dtype=np.int64).tobytes())
+            h.update(np.packbits(np.asarray(row.loss_mask, dtype=bool)).tobytes() + b"|")
+        return h.hexdigest()
 
 
 def padded(batch: Sequence[ChatRow], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,16 +98,13 @@ def padded(batch: Sequence[ChatRow], pad_id: int) -> tuple[torch.Tensor, torch.T
     return x, y
 
 
-def cut_rows(rows: Sequence[ChatRow], block_size: int) -> list[ChatRow]:
-    """Each row cut to block_size + 1 ids; refused, naming it, when nothing it learns is left."""
-    return [_cut(row, block_size, i) for i, row in enumerate(rows)]
-
-
-def _cut(row: ChatRow, block_size: int, index: int) -> ChatRow:
-    """The row cut to block_size + 1 ids (block_size inputs, each with its target); refused when
-    nothing it learns is left."""
-    kept = ChatRow(row.ids[: block_size + 1], row.loss_mask[: block_size + 1])
-    if not any(kept.loss_mask[1:]):
-        raise UserError(f"conversation {index + 1:,}: nothing to learn within the context of {block_size:,} "
-                        "tokens (its first reply starts later); shorten it or use a longer block_size")
+def cut_rows(rows: Sequence[ChatRow], block_size: int, names: Sequence[str] | None = None) -> list[ChatRow]:
+    """Each row cut to block_size + 1 ids (block_size inputs, each with its target); one with
+    nothing left to learn is refused, naming it (by `names`, else as conversation i)."""
+    kept = [ChatRow(row.ids[: block_size + 1], row.loss_mask[: block_size + 1]) for row in rows]
+    for i, row in enumerate(kept):
+        if not any(row.loss_mask[1:]):
+            name = names[i] if names is not None else f"conversation {i + 1:,}"
+            raise UserError(f"{name}: nothing to learn within the context of {block_size:,} tokens (its first "
+                            "reply starts later); shorten it or use a longer block_size")
     return kept

@@ -5,6 +5,8 @@ ids and a loss mask (scratchlm.text.chat), some held out for the validation loss
     tokenizer   the source's, with <|system|> <|user|> <|assistant|> <|end|> after its last id,
                 and, for a char vocabulary, each character of the conversations it lacks (before
                 the tokens): the Tang base run has no 《》“”： that requests use
+    context     each row cut to block_size + 1 ids, once, here: a conversation with nothing left to
+                learn is refused before training starts, naming its file and line
     held out    a seeded choice of round(val_fraction * N) conversations (at least one), never
                 trained on; the rest are the training rows
     bytes       the learned text's UTF-8 bytes per learned target of the held-out rows, which
@@ -22,6 +24,7 @@ import numpy as np
 from scratchlm.data.conversations import Conversation, read_conversations
 from scratchlm.errors import UserError
 from scratchlm.text.chat import CHAT_TOKENS, ChatRow, ChatTemplate, learned
+from scratchlm.training.sft_batches import cut_rows
 
 
 @dataclass(frozen=True)
@@ -37,7 +40,7 @@ class FineTuningData:
     """UTF-8 bytes of the held-out rows' learned text per learned target (an <|end|> counts as a target of no bytes)."""
 
 
-def fine_tuning_data(path: str | Path, tokenizer: Any, *, val_fraction: float, seed: int,
+def fine_tuning_data(path: str | Path, tokenizer: Any, *, block_size: int, val_fraction: float, seed: int,
                      train_on: str = "assistant") -> FineTuningData:
     """The conversations of `path` ready for the stage (see the module's docstring)."""
     conversations = read_conversations(path)
@@ -50,7 +53,8 @@ def fine_tuning_data(path: str | Path, tokenizer: Any, *, val_fraction: float, s
     template = ChatTemplate(encode=grown.encode, special=grown.specials, bos_id=grown.bos_id)
     n_val = min(len(conversations) - 1, max(1, round(val_fraction * len(conversations))))
     held = set(np.random.default_rng(seed).permutation(len(conversations))[:n_val].tolist())
-    rows = [template.render(c.messages, train_on, c.learn_from) for c in conversations]
+    rows = cut_rows([template.render(c.messages, train_on, c.learn_from) for c in conversations], block_size,
+                    [c.where for c in conversations])
     val = [i for i in range(len(conversations)) if i in held]
     return FineTuningData(
         tokenizer=grown, added_ids=added, template=template,

@@ -19,6 +19,9 @@ LR_SCHEDULES = ("cosine", "linear", "constant")
 WINDOWS = ("anywhere", "lines")
 STAGES = ("pretrain", "sft")
 TRAIN_ON = ("assistant", "all")
+PRETRAIN_ONLY = ("tokenizer", "vocab_size", "tokenizer_file", "windows", "eval_iters", "full_eval_windows")
+"""Fields the sft stage has no use for: its tokenizer is the source's, its batches are whole
+conversations, and it evaluates every held-out one."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 OPTIMIZERS = ("adamw", "muon")
 
