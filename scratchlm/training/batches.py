@@ -20,9 +20,12 @@ class RankBatches:
 
         self.stream = BatchStream(tokens, batch_size * d.world_size, block_size, seed=seed, starts=starts)
         self.rank, self.world_size = d.rank, d.world_size
+        self.drawn = 0
+        """Input positions of every global batch drawn so far (the loop's token count)."""
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = self.stream.next_batch()  # (B * W, T) each
+        self.drawn += x.numel()
         return x[self.rank :: self.world_size], y[self.rank :: self.world_size]  # (B, T) each
 
     def state_dict(self) -> dict:

@@ -38,7 +38,7 @@ class TrainResult:
 def finish(setup: RunSetup, state: TrainState, log: RunLog) -> TrainResult:
     """The run's result, its last record and closing line."""
     elapsed = time.perf_counter() - state.t_start
-    done_tokens = (state.step - state.start_step) * setup.tokens_per_step
+    done_tokens = state.tokens_seen - state.tokens_start
     result = TrainResult(
         run_dir=setup.run_dir, step=state.step, tokens_seen=state.tokens_seen, losses=state.losses,
         val_loss=state.val_loss, val_bpb=state.val_bpb, elapsed_s=elapsed,

@@ -112,7 +112,8 @@ class RunLog(Reporter):
                     world_size=setup.d.world_size, device=str(setup.device))
         self.say(
             f"run {setup.run_dir}: {params:,} parameters, {setup.meta['train_tokens']:,} training tokens, "
-            f"{setup.tokens_per_step:,} tokens/step, {si_units(self.flops_token)}FLOP per token (training), "
+            + ("up to " if setup.fine_tuning is not None else "") + f"{setup.tokens_per_step:,} tokens/step, "
+            f"{si_units(self.flops_token)}FLOP per token (training), "
             f"device {setup.device}" + (f" x{setup.d.world_size}" if setup.d.enabled else "")
             + (f", resuming at step {self.state.step}" if resumed else "")
             + (f", starting from the {setup.source.description}" if setup.source is not None else "")
@@ -132,13 +133,14 @@ class RunLog(Reporter):
             record["trained_s"] = seconds if seconds is not None else state.elapsed()
             dt = now - state.t_last
             tok_s = (state.tokens_seen - state.tokens_last) / dt if dt > 0 else 0.0
-            state.t_last, state.tokens_last = now, state.tokens_seen
+            s_step = dt / max(1, step - state.step_last)  # seconds per step since the last line
+            state.t_last, state.tokens_last, state.step_last = now, state.tokens_seen, step
             mfu = self.flops_token * tok_s / self.setup.d.world_size / self.peak if self.peak else None  # per device
             mean_loss = sum(state.interval_losses) / len(state.interval_losses) if state.interval_losses else None
             state.interval_losses.clear()
             record.update(loss_mean=mean_loss, tokens_per_s=tok_s, grad_norm=norm, mfu=mfu)
             self.record("train", **record)
-            eta = (cfg.max_steps - step) * self.setup.tokens_per_step / tok_s if tok_s else 0.0
+            eta = (cfg.max_steps - step) * s_step
             where = f"{step}/{cfg.max_steps}"
             if seconds is not None:  # whichever ends first: the steps or the time
                 eta, where = min(eta, max(0.0, limit - seconds)), f"{step} ({seconds:.0f}/{limit:g} s)"

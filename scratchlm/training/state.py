@@ -39,6 +39,9 @@ class TrainState:
     t_last: float = 0.0
     """When the last log line was written, and tokens_seen then: its tokens/s is of the steps since."""
     tokens_last: int = 0
+    step_last: int = 0
+    tokens_start: int = 0
+    """tokens_seen when this sitting began."""
 
     # --- what the loop measured
     losses: dict[int, float] = field(default_factory=dict)
@@ -53,6 +56,7 @@ class TrainState:
         """Start the clocks: training time counts from here."""
         self.t_start = self.t_last = time.perf_counter()
         self.tokens_last, self.start_step = self.tokens_seen, self.step
+        self.step_last, self.tokens_start = self.step, self.tokens_seen
         self.time_share = self.elapsed_before / time_limit if time_limit else 0.0
 
     def count(self, loss: float, applied: bool, tokens_per_step: int) -> None:

@@ -133,8 +133,9 @@ def _train(setup: RunSetup, on_step) -> TrainResult:
                 lr = learning_rate(state.step, cfg, state.time_share)
                 for group in parts.optimizer.param_groups:
                     group["lr"] = lr
+                drawn = parts.batches.drawn
                 loss, norm, applied = train_step(parts, cfg, setup.d, setup.device)
-                state.count(loss, applied, setup.tokens_per_step)
+                state.count(loss, applied, parts.batches.drawn - drawn)  # the fine-tuning rows' real length
                 if not applied:  # a non-finite loss or gradient: the weights were left as they were
                     log.skipped(loss)
                     state.check_bad_steps(cfg.max_bad_steps)  # too many in a row stop the run
