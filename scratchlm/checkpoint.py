@@ -52,6 +52,8 @@ OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.pt"
 LATEST_FILE = "latest"
 TOKENIZER_DIR = "tokenizer"
+LORA_BASE_DIR = "base"
+"""A LoRA run's one copy of the model its adapters go on (scratchlm.training.lora_run)."""
 _CKPT_RE = re.compile(r"^ckpt-(\d{8,})$")
 
 
@@ -530,8 +532,11 @@ def load_tokenizer_near(ckpt_dir: Path) -> Any:
     return None
 
 
-def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GPT, Any, dict[str, Any]]:
+def load_model(path: Path | str, device: str | torch.device = "cpu",
+               merged: bool = True) -> tuple[GPT, Any, dict[str, Any]]:
     """Load (model in eval mode on `device`, tokenizer or None, info) from a run or checkpoint dir.
+    A LoRA run's checkpoint is its adapters on the run's base: merged into a plain GPT, or with
+    `merged=False` left apart (to resume training them).
 
     info holds "checkpoint" (the directory read), "step" (None for weights-only checkpoints),
     "config" (the whole config.json, as SavedConfig.to_dict gives it) and "model_config" (a GPTConfig). Nothing here unpickles
@@ -542,7 +547,10 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
     model_config = saved.model_config(ckpt)
     check_model_fits(model_config, "cpu")  # the weights are read on the CPU first
     weights = _read_weights(ckpt / WEIGHTS_FILE)
-    model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
+    if (saved.train or {}).get("lora_rank"):
+        model = _lora_model(ckpt, saved, weights, merged)
+    else:
+        model = _model_from_weights(model_config, weights, ckpt / WEIGHTS_FILE)
     model.to(device).eval()
     tokenizer = load_tokenizer_near(ckpt)
     if tokenizer is not None and tokenizer.vocab_size > model_config.vocab_size:
@@ -550,6 +558,32 @@ def load_model(path: Path | str, device: str | torch.device = "cpu") -> tuple[GP
                         "they do not belong together. Put the run's own tokenizer/ folder beside the checkpoint")
     info = {"checkpoint": ckpt, "step": saved.step, "config": saved.to_dict(), "model_config": model_config}
     return model, tokenizer, info
+
+
+def _lora_model(ckpt: Path, saved: SavedConfig, weights: dict[str, torch.Tensor], merged: bool) -> GPT:
+    """The adapters of a LoRA checkpoint on its run's base, checked to be the base they were trained on."""
+    from scratchlm.fileio import file_record
+    from scratchlm.model.lora import add_lora, merge_lora
+
+    base_dir, train = ckpt.parent / LORA_BASE_DIR, saved.train
+    base_file = base_dir / WEIGHTS_FILE
+    if not base_file.is_file():
+        raise UserError(f"{ckpt}: a LoRA checkpoint holds only its adapters, and their base {base_dir} is missing; "
+                        "keep the checkpoint inside its run folder")
+    record = saved.extra.get("lora_base") or {}
+    if record.get("sha256") != file_record(base_file)["sha256"]:
+        raise UserError(f"{ckpt}: {base_dir} is not the base these adapters were trained on (its sha256 differs)")
+    base_saved = SavedConfig.read(base_dir)
+    model = _model_from_weights(base_saved.model_config(base_dir), _read_weights(base_file), base_file)
+    add_lora(model, train["lora_rank"], train["lora_alpha"], train["lora_targets"], new_rows_from=record.get("new_rows_from"))
+    own = dict(model.named_parameters())
+    trainable = {n for n, p in own.items() if p.requires_grad}
+    if set(weights) != trainable:
+        raise UserError(f"{ckpt}: the adapters do not match the LoRA settings in config.json")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            own[name].copy_(tensor)
+    return merge_lora(model) if merged else model
 
 
 def load_training_state(ckpt_dir: Path | str) -> tuple[dict, dict]:

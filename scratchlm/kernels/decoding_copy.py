@@ -29,6 +29,7 @@ from scratchlm.kernels import cpu_kernels
 from scratchlm.kernels.decode_step import FusedDecodeStep, KernelLinear
 from scratchlm.kernels.training_copy import take_over_attention
 from scratchlm.model.gpt import GPT, CausalSelfAttention, KVCache
+from scratchlm.model.lora import has_lora, merge_lora
 from scratchlm.model.variants import BOTH, supports
 
 
@@ -165,6 +166,8 @@ def decoding_model(model: GPT, dtype: torch.dtype | str | None = None, layout: s
     The Engine (scratchlm.generation.engine) builds one and reuses it while the weights stay
     unchanged (see `decoder_for`).
     """
+    if has_lora(model):  # its fast paths read each weight by itself: they read the merged one
+        model = merge_lora(model)
     dtype = _as_dtype(dtype, model)
     device, own_dtype = _model_device_dtype(model)
     if (device.type != "cpu" or dtype not in DECODE_DTYPES or own_dtype not in DECODE_DTYPES

@@ -20,6 +20,7 @@ from scratchlm.model.gpt import GPT
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.training.batches import RankBatches
 from scratchlm.training.distributed import apply_fsdp
+from scratchlm.training.lora_run import adapt
 from scratchlm.training.optim import make_optimizer
 from scratchlm.training.sft_batches import ConversationBatches
 from scratchlm.training.vocab_rows import grow_vocabulary
@@ -49,12 +50,14 @@ def build_model(setup: RunSetup) -> GPT:
     random.seed(cfg.seed)
     np.random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    if setup.resume_ckpt is not None:
-        model, _, _ = ckpt_io.load_model(setup.resume_ckpt, device="cpu")
+    if setup.resume_ckpt is not None:  # a LoRA run's adapters stay apart from its base
+        model, _, _ = ckpt_io.load_model(setup.resume_ckpt, device="cpu", merged=False)
     else:
         check_model_fits(setup.model_config, setup.device, training=True, batch=cfg.batch_size,  # before a byte
                          seq_len=setup.block_size, checkpointing=cfg.activation_checkpointing)  # of it is allocated
         model = _source_model(setup) if setup.source is not None else GPT(setup.model_config)
+        if cfg.lora_rank:
+            model = adapt(model, cfg, setup.fine_tuning.added_ids if setup.fine_tuning is not None else [])
     if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
         torch.manual_seed(cfg.seed + d.rank)
     model.to(setup.device).train()

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +58,9 @@ class RunSetup:
     train_tokens: Any
     val_tokens: Any
     model_config: GPTConfig
+    lora_base: dict = field(default_factory=dict)
+    """A LoRA run's base record (sha256 of RUN/base, where it came from, its first trained row),
+    filled once the folder is the run's (scratchlm.training.lora_run.base_record)."""
     fine_tuning: Any = None
     """The sft stage's conversations, rendered (a FineTuningData); None in pre-training, whose
     data are train_tokens and val_tokens."""
@@ -83,7 +86,8 @@ class RunSetup:
         return ckpt_io.SavedConfig(
             model=self.model_config.to_dict(), train=self.cfg.to_dict(), data=_jsonable(asdict(_data_config(self.cfg))),
             data_sources=_data_identity(self.meta),
-            tokenizer={"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id})
+            tokenizer={"kind": tok.kind, "vocab_size": tok.vocab_size, "bos_id": tok.bos_id, "eos_id": tok.eos_id},
+            extra={"lora_base": dict(self.lora_base)} if self.lora_base else {})
 
     def release(self) -> None:
         """Let go of the run folder (every way a run ends comes here)."""

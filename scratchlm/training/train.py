@@ -37,6 +37,7 @@ from scratchlm.model.gpt import GPT
 from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist, all_max, all_mean, any_rank, setup_processes
 from scratchlm.training.ending import StopRequest, TrainResult, finish
+from scratchlm.training.lora_run import base_record
 from scratchlm.training.evaluation import evaluate, evaluate_full, evaluate_rows, sample_text
 from scratchlm.training.optim import make_optimizer  # noqa: F401 - part of this module's API
 from scratchlm.training.parts import TrainParts, build_model, make_parts
@@ -123,6 +124,8 @@ def _train(setup: RunSetup, on_step) -> TrainResult:
         peak = device_peak(setup.device, cfg.dtype) if setup.d.is_main else None
         if setup.d.is_main:
             run_folder.ready_for_writing(setup.run_dir, setup.tokenizer, resumed=setup.resume_ckpt is not None)
+            if cfg.lora_rank:  # the adapters' base: written once, recorded in every checkpoint
+                setup.lora_base.update(base_record(setup, model))
         log = RunLog(setup, state, peak)
         log.start(model.num_params(), changed_settings(setup))
 

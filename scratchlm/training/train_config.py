@@ -159,6 +159,15 @@ class TrainConfig:
     through the chat template, starting from `init_from`; `scratchlm sft` sets it)."""
     train_on: str = "assistant"
     """The sft stage's loss: on the replies only (`assistant`), or on every turn's text (`all`)."""
+    lora_rank: int = 0
+    """LoRA's rank r (scratchlm.model.lora) for a run that starts `--init_from` a model: only the
+    adapters (and the rows of ids the tokenizer gained) train, and checkpoints hold only them, beside
+    the run's one copy of the base (RUN/base); 0 trains every weight."""
+    lora_alpha: float = 16.0
+    """LoRA's alpha: the change to each matrix is (alpha / r) B A."""
+    lora_targets: str = "all"
+    """The block matrices LoRA adapts, comma-separated: attn.c_attn, attn.c_proj, mlp.c_fc,
+    mlp.c_proj, or `all` (every one)."""
     progress: str = "auto"
     """`auto` (a progress bar on a terminal, log lines otherwise), `bar`, `lines` or `quiet`."""
     preset: str | None = None
@@ -166,6 +175,25 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self.validate()
+
+    def _check_lora(self) -> None:
+        from scratchlm.model.lora import parse_targets
+
+        if isinstance(self.lora_rank, bool) or not isinstance(self.lora_rank, int) or self.lora_rank < 0:
+            raise ConfigError("lora_rank", f"must be a whole number >= 0 (0: no LoRA), got {self.lora_rank!r}")
+        try:
+            parse_targets(self.lora_targets)
+        except ValueError as exc:
+            raise ConfigError("lora_targets", f"{exc}; the targets are attn.c_attn, attn.c_proj, mlp.c_fc, "
+                                              "mlp.c_proj or all") from None
+        if not self.lora_rank:
+            return
+        if not self.lora_alpha > 0:
+            raise ConfigError("lora_alpha", f"must be above 0, got {self.lora_alpha!r}")
+        if not (self.init_from or self.resume):
+            raise ConfigError("lora_rank", "LoRA adapts a trained model: give --init_from RUN_OR_HF_DIR")
+        if self.fsdp or self.optimizer != "adamw":
+            raise ConfigError("lora_rank", "LoRA trains with --optimizer adamw and without --fsdp")
 
     def validate(self) -> None:
         self._check_types()
@@ -198,6 +226,7 @@ class TrainConfig:
             raise ConfigError("optimizer", f"unknown {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if not 0 <= self.muon_momentum < 1:
             raise ConfigError("muon_momentum", f"must be in [0, 1), got {self.muon_momentum!r}")
+        self._check_lora()
         if self.optimizer == "muon" and self.fsdp:
             raise ConfigError("optimizer", "Muon orthogonalises whole matrices; FSDP shards them: "
                                            "use --optimizer adamw with --fsdp")
@@ -253,7 +282,8 @@ class TrainConfig:
         return cls(**values)
 
 
-_ADDED_LATER = frozenset({"errors", "windows", "time_limit", "stage", "train_on"})
+_ADDED_LATER = frozenset({"errors", "windows", "time_limit", "stage", "train_on", "lora_rank", "lora_alpha",
+                          "lora_targets"})
 
 # The classic CPU "baby GPT": 4 layers, 4 heads, width 128, context 64, batch 12, on characters.
 # RoPE instead of a learned position table, and a higher learning rate than nanoGPT's 1e-3: on

@@ -1,0 +1,158 @@
+"""LoRA (low-rank adaptation): fine-tune a trained model by learning a small change to some of its
+matrices while the matrices themselves stay frozen.
+
+A Linear computes y = x W^T + b with W of shape (d_out, d_in). LoRA keeps W and learns two thin
+matrices, A (r, d_in) and B (d_out, r), with r much smaller than d_in and d_out:
+
+    y = x W^T + b + (alpha / r) * (x A^T) B^T          the change to W is (alpha / r) * B A, rank <= r
+
+    trainable numbers per matrix    r * (d_in + d_out), instead of d_in * d_out
+    A                               random (Kaiming-uniform, as nn.Linear starts), so each of the r
+                                    directions it reads is a different one
+    B                               zeros: at step 0 the change B A is exactly zero, so the adapted
+                                    model computes exactly what the base computes; training moves B first
+    alpha / r                       a fixed scale, so changing r does not change how large a step of
+                                    the same learning rate moves the output
+
+After training the change can be added into W once (`merge_lora`: W + (alpha / r) B A), giving a
+plain model of the base's shape that computes the same outputs (to float rounding) with no extra
+work per token: generation, the fast decoding paths and every exporter read that merged model.
+
+A fine-tune that taught the tokenizer new ids (the chat template's tokens) must also learn their
+rows of the token embedding and the output head: `train_new_rows` leaves the old rows frozen and
+makes only the new ones a parameter (the (V, C) matrix is read as the frozen rows followed by
+the trained ones, for the embedding and for a tied or untied head alike).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+import torch.nn as nn
+from torch.nn.utils import parametrize
+
+TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
+"""The block matrices LoRA can adapt, as each block names them (W_QKV, W_O, the MLP's two)."""
+
+
+class LoRALinear(nn.Module):
+    """A frozen nn.Linear (`base`) plus the trainable low-rank change (alpha / r) B A (see the module)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float):
+        super().__init__()
+        self.base, self.rank, self.alpha = base, rank, alpha
+        self.scale = alpha / rank
+        base.requires_grad_(False)
+        w = base.weight
+        self.lora_A = nn.Parameter(torch.empty(rank, base.in_features, device=w.device, dtype=w.dtype))  # (r, d_in)
+        self.lora_B = nn.Parameter(torch.zeros(base.out_features, rank, device=w.device, dtype=w.dtype))  # (d_out, r)
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))  # as nn.Linear initialises its weight
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # (..., d_in) -> (..., r) -> (..., d_out): the change costs r * (d_in + d_out) per row, never d_in * d_out
+        return self.base(x) + (x @ self.lora_A.t()) @ self.lora_B.t() * self.scale
+
+    def delta(self) -> torch.Tensor:
+        """(d_out, d_in): the change to W, (alpha / r) B A."""
+        return (self.lora_B @ self.lora_A) * self.scale
+
+
+class NewRows(nn.Module):
+    """Parametrizes a (V, C) weight as its first `start` rows, frozen, followed by trainable new ones."""
+
+    def __init__(self, weight: torch.Tensor, start: int):
+        super().__init__()
+        self.start = start
+        self.rows = nn.Parameter(weight[start:].detach().clone())  # (V - start, C)
+
+    def forward(self, original: torch.Tensor) -> torch.Tensor:
+        return torch.cat([original[: self.start].detach(), self.rows], dim=0)  # (V, C)
+
+
+def parse_targets(text: str | Sequence[str]) -> tuple[str, ...]:
+    """`attn.c_attn,mlp.c_fc` (or a sequence) as a tuple of TARGETS, in their order; `all` is every one."""
+    names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
+    if names == ["all"]:
+        return TARGETS
+    unknown = [n for n in names if n not in TARGETS]
+    if unknown or not names:
+        raise ValueError(f"unknown LoRA target {unknown[0]!r}" if unknown else "no LoRA target given")
+    return tuple(t for t in TARGETS if t in names)
+
+
+def add_lora(model: nn.Module, rank: int, alpha: float, targets: Sequence[str] = TARGETS,
+             new_rows_from: int | None = None) -> nn.Module:
+    """Freeze every parameter of `model` (a GPT), wrap each block's target Linears in a LoRALinear,
+    and, if `new_rows_from` is given, make the embedding and head rows from that id on trainable
+    (`train_new_rows`). In place; returns the model."""
+    if rank <= 0:
+        raise ValueError(f"the LoRA rank must be a positive whole number, got {rank}")
+    model.requires_grad_(False)
+    for block in model.transformer.h:
+        for target in parse_targets(targets):
+            part, name = target.split(".")
+            owner = getattr(block, part)
+            setattr(owner, name, LoRALinear(getattr(owner, name), rank, alpha))
+    if new_rows_from is not None and new_rows_from < model.config.vocab_size:
+        train_new_rows(model, new_rows_from)
+    return model
+
+
+def train_new_rows(model: nn.Module, start: int) -> None:
+    """Rows `start`.. of the token embedding (and of an untied head) trainable, the rest frozen; a
+    tied head reads the same rows (one NewRows serves both)."""
+    wte, head = model.transformer.wte, model.lm_head
+    rows = NewRows(wte.weight, start)
+    tied = head.weight is wte.weight
+    parametrize.register_parametrization(wte, "weight", rows, unsafe=True)
+    if tied:
+        parametrize.register_parametrization(head, "weight", rows, unsafe=True)
+    else:
+        parametrize.register_parametrization(head, "weight", NewRows(head.weight, start), unsafe=True)
+
+
+def has_lora(model: nn.Module) -> bool:
+    return any(isinstance(m, (LoRALinear, NewRows)) for m in model.modules())
+
+
+def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The adapter's tensors by name (every lora_A, lora_B and new rows): what a LoRA checkpoint holds."""
+    return {name: p.detach() for name, p in model.named_parameters() if p.requires_grad}
+
+
+@torch.no_grad()
+def merge_lora(model: nn.Module) -> nn.Module:
+    """A new plain GPT of the base's shape and names whose matrices hold the changes: each adapted
+    W as W + (alpha / r) B A, the embedding and head with their new rows (see the module). Shares
+    no storage with `model`, which is left as it is."""
+    from scratchlm.model.gpt import GPT
+
+    plain = GPT(model.config).to(next(model.parameters()).device)
+    state = {}
+    for name in plain.state_dict():
+        owner, _, leaf = name.rpartition(".")
+        module = model.get_submodule(owner)
+        if isinstance(module, LoRALinear):
+            value = module.base.weight + module.delta().to(module.base.weight.dtype) if leaf == "weight" else module.base.bias
+        else:
+            value = getattr(module, leaf)  # a parametrized (V, C) matrix is read whole: old rows, then new
+        state[name] = value.detach().to(plain.state_dict()[name].dtype)
+    plain.load_state_dict(state)
+    return plain.train(model.training)
+
+
+def count_trainable(config, rank: int, targets: Sequence[str] = TARGETS) -> list[tuple[str, int, int, int]]:
+    """(target, d_in, d_out, r * (d_in + d_out)) for each target matrix of one block of `config`
+    (a GPTConfig): shapes read from a block built on the meta device, so they are the model's own."""
+    from scratchlm.model.gpt import Block
+
+    with torch.device("meta"):
+        block = Block(config, 0)
+    found = []
+    for target in parse_targets(targets):
+        part, name = target.split(".")
+        linear = getattr(getattr(block, part), name)
+        found.append((target, linear.in_features, linear.out_features, rank * (linear.in_features + linear.out_features)))
+    return found
