@@ -113,7 +113,7 @@ def base(tmp_path_factory) -> Path:
     os.environ.setdefault("SCRATCHLM_CACHE", str(tmp / "cache"))
     (tmp / "poem.txt").write_text(POEM * 40, encoding="utf-8")
     train(_config(tmp, "run", data=str(tmp / "poem.txt"), max_steps=10,
-                  model_overrides=dict(n_layer=1, n_head=2, n_embd=32, block_size=32, dropout=0.0)))
+                  model_overrides=dict(n_layer=1, n_head=2, n_embd=32, block_size=32, dropout=0.0, lm_head_bias=False)))
     return tmp / "run"
 
 
@@ -167,3 +167,31 @@ def test_adapters_on_another_base_and_lora_without_a_source_are_one_line(tmp_pat
                               env=env)
         assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1 and words in proc.stderr, proc.stderr
     assert not (tmp_path / "none").exists()
+
+
+def test_inspect_counts_what_lora_trains_as_r_times_d_in_plus_d_out():
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "inspect", "--n_layer", "3", "--n_embd", "64", "--n_head", "4",
+                           "--lora-rank", "8", "--json"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lora = json.loads(proc.stdout)["lora"]
+    C = 64  # by hand: W_QKV C -> 3C, W_O C -> C, the MLP C -> 4C and 4C -> C
+    assert lora["trainable"] == 3 * 8 * ((C + 3 * C) + (C + C) + (C + 4 * C) + (4 * C + C))
+    model = add_lora(GPT(GPTConfig.from_name("smoke", n_layer=3, n_embd=64, n_head=4)), rank=8, alpha=16.0)
+    assert lora["trainable"] == sum(p.numel() for p in model.parameters() if p.requires_grad)  # brute force
+
+
+def test_export_hf_of_a_lora_run_is_the_merged_model_in_transformers(tmp_path, base):
+    transformers = pytest.importorskip("transformers")
+    train(_lora_sft(tmp_path, "lora", base))
+    out = tmp_path / "hf"
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "export-hf", str(tmp_path / "lora"), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
+    merged, _, _ = load_model(tmp_path / "lora")
+    plain_base, _, _ = load_model(tmp_path / "lora" / "base")
+    x = torch.randint(0, merged.config.vocab_size, (2, 12))
+    with torch.no_grad():
+        theirs = hf(x).logits
+        assert torch.allclose(theirs, merged(x)[0], atol=1e-4, rtol=0)
+        assert not torch.allclose(theirs, plain_base(x)[0], atol=1e-4, rtol=0)  # the adapters are in it

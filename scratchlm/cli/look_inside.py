@@ -23,6 +23,9 @@ def add_inspect(sub) -> None:
     p.add_argument("--train-batch", type=int, default=8, help="batch size for the memory estimate (default: 8)")
     p.add_argument("--train-seq-len", type=int, default=None,
                    help="context length for the FLOP and memory figures (default: the model's block_size)")
+    p.add_argument("--lora-rank", type=int, default=None, metavar="R",
+                   help="also count what LoRA of rank R trains: r x (d_in + d_out) per adapted matrix")
+    p.add_argument("--lora-targets", default="all", help="the matrices LoRA adapts (as train's --lora_targets; default: all)")
     p.add_argument("--json", action="store_true", help="print the same report as JSON")
     add_model_flags(p, "--n_layer 6, --pos_embedding rope, --tie_weights ... (not with --checkpoint)")
     p.set_defaults(run=_run_inspect)
@@ -45,8 +48,30 @@ def _run_inspect(args) -> int:
         raise UserError(f"--train-seq-len {args.train_seq_len} exceeds the model's context length block_size={cfg.block_size}")
     _check_trace_fits(model, args.batch_size, args.seq_len)
     report = inspect_report(model, args.batch_size, args.seq_len, args.train_batch, args.train_seq_len)
-    print(json.dumps(report, indent=2) if args.json else format_report(report))
+    lora = _lora_counts(cfg, args.lora_rank, args.lora_targets, model.num_params()) if args.lora_rank is not None else None
+    if args.json:
+        print(json.dumps({**report, "lora": {k: v for k, v in lora.items() if k != "lines"}} if lora else report, indent=2))
+    else:
+        print(format_report(report) + ("\n\n" + "\n".join(lora["lines"]) if lora else ""))
     return 0
+
+
+def _lora_counts(cfg, rank: int, targets: str, total: int) -> dict:
+    """What LoRA of `rank` trains in a model of `cfg`: each adapted matrix's r x (d_in + d_out), times the layers."""
+    from scratchlm.model.lora import count_trainable, parse_targets
+
+    if rank <= 0:
+        raise UserError(f"--lora-rank must be positive, got {rank}")
+    try:
+        found = count_trainable(cfg, rank, parse_targets(targets))
+    except ValueError as exc:
+        raise UserError(f"--lora-targets: {exc}") from None
+    trained = cfg.n_layer * sum(n for *_, n in found)
+    lines = [f"LoRA of rank {rank} (B = 0 at the start): what it trains, per block"]
+    lines += [f"  {name:<12} r x (d_in + d_out) = {rank} x ({d_in:,} + {d_out:,}) = {n:,}" for name, d_in, d_out, n in found]
+    lines.append(f"  x {cfg.n_layer} blocks = {trained:,} trainable of {total:,} parameters ({100 * trained / total:.2f}%)")
+    per = [{"target": name, "d_in": d_in, "d_out": d_out, "trainable": n} for name, d_in, d_out, n in found]
+    return {"rank": rank, "per_block": per, "trainable": trained, "total": total, "lines": lines}
 
 
 def _check_trace_fits(model, batch: int, seq_len: int) -> None:

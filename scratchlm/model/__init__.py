@@ -1,1 +1,1 @@
-"""The model (stations 5-15): its configuration (`config`), the GPT itself (`gpt`), and the loss computed without the full logits (`fused_loss`)."""
+"""The model (stations 5-15): its configuration (`config`), the GPT itself (`gpt`), the loss computed without the full logits (`fused_loss`), and LoRA adapters on its matrices for fine-tuning (`lora`)."""

@@ -58,6 +58,10 @@ def build_model(setup: RunSetup) -> GPT:
         model = _source_model(setup) if setup.source is not None else GPT(setup.model_config)
         if cfg.lora_rank:
             model = adapt(model, cfg, setup.fine_tuning.added_ids if setup.fine_tuning is not None else [])
+            if d.is_main:
+                trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+                print(f"note: LoRA of rank {cfg.lora_rank} on {cfg.lora_targets}: {trained:,} of "
+                      f"{model.num_params():,} parameters train, the rest stay the base's", file=sys.stderr)
     if d.rank:  # other ranks draw their own dropout masks; rank 0 matches a 1-process run
         torch.manual_seed(cfg.seed + d.rank)
     model.to(setup.device).train()
