@@ -92,6 +92,33 @@ def test_the_adapted_model_computes_what_peft_computes_with_the_same_matrices():
         assert torch.allclose(ours(x)[0], theirs(x)[0], atol=1e-5, rtol=0)
 
 
+ARCHS = {"gpt2": dict(lm_head_bias=False), "gpt_neox": dict(pos_embedding="rope", lm_head_bias=False),
+         "llama": dict(pos_embedding="rope", norm="rmsnorm", activation="swiglu", qkv_bias=False, proj_bias=False,
+                       mlp_bias=False, lm_head_bias=False, tie_weights=False)}
+
+
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_peft_puts_the_exported_adapter_on_the_exported_base_and_gives_the_merged_exports_logits(tmp_path, arch):
+    peft = pytest.importorskip("peft", reason="peft (dev extra) judges the adapter export")
+    transformers = pytest.importorskip("transformers")
+    from scratchlm.hf.interop import export_hf
+    from scratchlm.hf.peft_export import export_peft
+
+    adapted = add_lora(_model(**ARCHS[arch]), rank=4, alpha=8.0, new_rows_from=45)
+    _nudge(adapted)
+    export_peft(adapted, tmp_path / "apart")
+    export_hf(merge_lora(adapted), tmp_path / "merged")
+    assert json.loads((tmp_path / "merged" / "config.json").read_text())["model_type"] == arch
+    base = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "apart" / "base").eval()
+    x = torch.randint(0, 50, (2, 12))
+    with torch.no_grad():
+        plain = base(x).logits
+        joined = peft.PeftModel.from_pretrained(base, tmp_path / "apart" / "adapter").eval()(x).logits
+        merged = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()(x).logits
+    assert torch.allclose(joined, merged, atol=1e-5, rtol=0)
+    assert not torch.allclose(plain, merged, atol=1e-3, rtol=0)  # the adapter is what makes the difference
+
+
 # --- a LoRA run
 
 POEM = "床前看月光，疑是地上霜。举头望山月，低头思故乡。\n"
@@ -187,6 +214,11 @@ def test_export_hf_of_a_lora_run_is_the_merged_model_in_transformers(tmp_path, b
     proc = subprocess.run([sys.executable, "-m", "scratchlm", "export-hf", str(tmp_path / "lora"), str(out)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "scratchlm", "export-hf", str(tmp_path / "lora"), str(tmp_path / "apart"),
+                           "--lora", "adapter"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "apart" / "adapter").iterdir()) == ["adapter_config.json",
+                                                                                  "adapter_model.safetensors"]
     hf = transformers.AutoModelForCausalLM.from_pretrained(out).eval()
     merged, _, _ = load_model(tmp_path / "lora")
     plain_base, _, _ = load_model(tmp_path / "lora" / "base")

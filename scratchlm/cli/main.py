@@ -31,9 +31,14 @@ def _add_paths_command(sub, name: str, help: str, run, *paths: tuple[str, str, s
 
 
 def _add_export_hf(sub) -> None:
-    _add_paths_command(sub, "export-hf", "write a checkpoint as a Hugging Face folder: GPT-2, GPT-NeoX or Llama (loads offline in transformers)",
-                       _run_export_hf, ("checkpoint", "CKPT", "a run or checkpoint directory"),
-                       ("out_dir", "OUT_DIR", "directory to create (must not exist, or be empty)"))
+    p = sub.add_parser("export-hf", help="write a checkpoint as a Hugging Face folder: GPT-2, GPT-NeoX or Llama "
+                                         "(loads offline in transformers)")
+    p.add_argument("checkpoint", metavar="CKPT", help="a run or checkpoint directory")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="directory to create (must not exist, or be empty)")
+    p.add_argument("--lora", choices=["merged", "adapter"], default="merged",
+                   help="a LoRA run: one model with the adapters merged in (default), or `adapter`: OUT_DIR/base and "
+                        "OUT_DIR/adapter, a PEFT adapter that peft.PeftModel.from_pretrained puts on the base")
+    p.set_defaults(run=_run_export_hf)
 
 
 def _run_export_hf(args) -> int:
@@ -45,11 +50,17 @@ def _run_export_hf(args) -> int:
     from scratchlm.checkpoint import load_model, output_write_failed
     from scratchlm.hf.interop import export_hf
 
-    model, tokenizer, _ = load_model(args.checkpoint)
+    apart = args.lora == "adapter"
+    model, tokenizer, _ = load_model(args.checkpoint, merged=not apart)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
-            out = export_hf(model, args.out_dir, tokenizer)
+            if apart:
+                from scratchlm.hf.peft_export import export_peft
+
+                out = export_peft(model, args.out_dir, tokenizer)
+            else:
+                out = export_hf(model, args.out_dir, tokenizer)
         except (OSError, SafetensorError) as exc:  # a full disk: name OUT_DIR, not the temporary folder
             raise output_write_failed(Path(args.out_dir), "the Hugging Face folder", exc) from None
     for w in caught:
