@@ -245,8 +245,10 @@ def _read_weights(path: Path) -> dict[str, torch.Tensor]:
 
 
 def _model_from_weights(model_config: GPTConfig, weights: dict[str, torch.Tensor], path: Path) -> GPT:
-    """Build a GPT and fill it, checking every name and shape against the config first."""
-    model = GPT(model_config)
+    """A GPT holding `weights`, every name and shape checked against the config first (on a
+    model of the meta device: a mismatch costs no memory)."""
+    with torch.device("meta"):
+        model = GPT(model_config)
     expected = {k: v.shape for k, v in model.state_dict().items()}
     if model_config.tie_weights:
         expected.pop("lm_head.weight", None)
@@ -262,8 +264,7 @@ def _model_from_weights(model_config: GPTConfig, weights: dict[str, torch.Tensor
                 f"{path}: tensor {name} has shape {tuple(weights[name].shape)} but the model config in "
                 f"config.json needs {tuple(shape)}"
             )
-    model.load_state_dict(weights, strict=not model_config.tie_weights)
-    return model
+    return GPT.holding(model_config, weights)
 
 
 # --------------------------------------------------------------------------------------------

@@ -75,8 +75,12 @@ def _source_model(setup: RunSetup) -> GPT:
     """The --init_from source's weights in a model of the run's config: the same, but for dropout
     and, in fine-tuning, rows for the ids the tokenizer gained (scratchlm.training.vocab_rows)."""
     source = setup.source.model
-    model = GPT(setup.model_config.replace(vocab_size=source.config.vocab_size))
-    model.load_state_dict(source.state_dict())
+    if source.config == setup.model_config.replace(vocab_size=source.config.vocab_size):
+        model = source  # the run trains the source's own tensors: no second model's memory
+    else:  # another dropout: a model of the run's config, holding the source's weights
+        model = GPT(setup.model_config.replace(vocab_size=source.config.vocab_size))
+        model.load_state_dict(source.state_dict())
+    setup.source.model = source = None  # its weights are the run's now
     added = setup.fine_tuning.added_ids if setup.fine_tuning is not None else []
     model, said = grow_vocabulary(model, setup.source.tokenizer.vocab_size, added, setup.cfg.pad_vocab_multiple)
     if model.config != setup.model_config:

@@ -28,8 +28,8 @@ _ROWS = ("transformer.wte.weight", "lm_head.weight", "lm_head.bias")
 @torch.no_grad()
 def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multiple: int) -> tuple[GPT, str | None]:
     """`model` with rows for `new_ids` (ids from `old_ids` on, which a grown tokenizer added),
-    and a line saying what changed (None when nothing did). A new model is returned when the
-    vocabulary must grow; else `model`, its new ids' rows set in place."""
+    and a line saying what changed (None when nothing did). In place: when the vocabulary must
+    grow, only the (V, C) matrices are made anew (the blocks are never copied)."""
     new_ids = sorted(set(new_ids))
     if not new_ids:
         return model, None
@@ -38,17 +38,7 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
     cfg = model.config
     rows = rows_for(cfg.vocab_size, new_ids[-1] + 1, pad_multiple)
     if rows > cfg.vocab_size:
-        grown = GPT(cfg.replace(vocab_size=rows))
-        state = model.state_dict()
-        for name in _ROWS:
-            if name in state:
-                target = grown.state_dict()[name]
-                target.zero_()
-                target[: cfg.vocab_size] = state[name]
-                state[name] = target
-        grown.load_state_dict(state)
-        grown.train(model.training)
-        model = grown
+        _grow_rows(model, rows)
     params = dict(model.named_parameters())  # a tied head is wte itself, listed once
     for name in _ROWS:
         if name in params:
@@ -56,6 +46,27 @@ def grow_vocabulary(model: GPT, old_ids: int, new_ids: Sequence[int], pad_multip
     said = (f"the model's vocabulary grows by {len(new_ids)} tokens (rows {cfg.vocab_size} -> {rows}); "
             "each new row starts at the mean of the old ones")
     return model, said
+
+
+def _grow_rows(model: GPT, rows: int) -> None:
+    """The embedding and head of `model` made `rows` long, in place: old rows kept, new ones zero
+    (set by the caller), a tied head tied again, the config saying the new size."""
+    old_wte, old_head = model.transformer.wte, model.lm_head
+    weight = old_wte.weight
+    wte = torch.nn.Embedding(rows, weight.shape[1], device=weight.device, dtype=weight.dtype)
+    wte.weight.zero_()
+    wte.weight[: len(weight)] = weight
+    head = torch.nn.Linear(weight.shape[1], rows, bias=old_head.bias is not None, device=weight.device, dtype=weight.dtype)
+    if model.config.tie_weights:
+        head.weight = wte.weight
+    else:
+        head.weight.zero_()
+        head.weight[: len(weight)] = old_head.weight
+    if old_head.bias is not None:
+        head.bias.zero_()
+        head.bias[: len(weight)] = old_head.bias
+    model.transformer.wte, model.lm_head = wte.train(old_wte.training), head.train(old_head.training)
+    model.config = model.config.replace(vocab_size=rows)
 
 
 def rows_for(rows: int, ids: int, pad_multiple: int) -> int:
