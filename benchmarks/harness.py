@@ -17,6 +17,8 @@
                                             # and the corpus's (3 seeds, about 20 minutes; needs the corpus)
                                             # (decode: torch's threads; decode-1t: one thread;
                                             # serve: needs Chromium and playwright, else skips)
+    python -m benchmarks --only lora-memory # peak RSS of LoRA sft beside full sft, gpt2-124m's shape and
+                                            # vocabulary (about a minute; needs GPT-2's rank file)
     python -m benchmarks --page-only        # just regenerate docs/results.md from the newest file
                                             # (--readme-only is the old name of the same)
 
@@ -50,7 +52,7 @@ PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
 BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "gguf", "train", "train-gpu", "serve", "tang", "tang-nobf16", "time_to_loss",
-              "time_to_loss-nobf16")
+              "time_to_loss-nobf16", "lora-memory")
 
 
 # --------------------------------------------------------------------------------------------
@@ -194,9 +196,16 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
         return json.loads(out.read_text())
 
 
+def _bench_lora_memory(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_lora  # skips itself without GPT-2's rank file
+
+    return bench_lora.run()
+
+
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "gguf": _bench_gguf, "train": _bench_train, "train-gpu": _bench_train_gpu,
     "serve": _bench_serve, "tang": _bench_tang, "tang-nobf16": _bench_tang_no_bf16, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
+    "lora-memory": _bench_lora_memory,
 }
 
 
@@ -292,6 +301,13 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
             # matmul burst measured beside the steps, which a quiet moment can make look high
             rows.append(("train share of measured matmul peak", f"{mode} (of {m['peak_gflops']:.0f} GFLOP/s measured)",
                          _num(100 * m["mfu"]), _num(100 * m.get("mfu_median", m["mfu"])), "%"))
+    elif name == "lora-memory":
+        if "skipped" in r:
+            return [("lora memory", f"skipped: {r['skipped']}", "", "", "")]
+        where = f"sft of {r['model']}, {r['steps']} steps of batch {r['batch']}, peak RSS"
+        for mode, m in r["modes"].items():
+            rows.append((where, mode + (f" (rank {r['rank']})" if mode == "lora" else ""), "", _num(m["peak_rss_mb"], 0), "MB"))
+        rows.append((where, f"lora / full (goal <= {r['goal']})", "", _num(r["ratio"], 2), "x"))
     elif name == "train-gpu":
         if "skipped" in r:
             rows.append(("train gpu", f"skipped: {r['skipped']}", "", "", ""))

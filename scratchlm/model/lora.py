@@ -31,6 +31,7 @@ from typing import Sequence
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from torch.nn.utils import parametrize
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
@@ -71,6 +72,26 @@ class NewRows(nn.Module):
         return torch.cat([original[: self.start].detach(), self.rows], dim=0)  # (V, C)
 
 
+class NewRowsEmbedding(nn.Module):
+    """The token embedding with trainable new rows: a new id's vector is looked up in them, every
+    other id's in the frozen table, so no (V, C) matrix is made for a step, nor a gradient of one."""
+
+    def __init__(self, base: nn.Embedding, new: NewRows):
+        super().__init__()
+        self.base, self.new = base, new
+
+    @property
+    def weight(self) -> torch.Tensor:
+        """(V, C): the frozen rows, then the new ones (for a reader of the whole table)."""
+        return self.new(self.base.weight)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        start = self.new.start
+        old = F.embedding(idx, self.base.weight.detach())  # (B, T, C); a new id's row here is replaced below
+        new = F.embedding((idx - start).clamp(min=0), self.new.rows)  # (B, T, C)
+        return torch.where((idx >= start).unsqueeze(-1), new, old)
+
+
 def parse_targets(text: str | Sequence[str]) -> tuple[str, ...]:
     """`attn.c_attn,mlp.c_fc` (or a sequence) as a tuple of TARGETS, in their order; `all` is every one."""
     names = [t.strip() for t in (text.split(",") if isinstance(text, str) else text) if t.strip()]
@@ -106,7 +127,7 @@ def train_new_rows(model: nn.Module, start: int) -> None:
     wte, head = model.transformer.wte, model.lm_head
     rows = NewRows(wte.weight, start)
     tied = head.weight is wte.weight
-    parametrize.register_parametrization(wte, "weight", rows, unsafe=True)
+    model.transformer.wte = NewRowsEmbedding(wte, rows)
     if tied:
         parametrize.register_parametrization(head, "weight", rows, unsafe=True)
     else:
@@ -123,23 +144,36 @@ def trainable_state(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 @torch.no_grad()
+def plain_state(model: nn.Module, merged: bool = True) -> dict[str, torch.Tensor]:
+    """The state dict of a plain GPT of the base's shape and names: each adapted W as
+    W + (alpha / r) B A (`merged`) or as the base's W alone, the embedding and head with their new
+    rows. Unchanged tensors are the model's own (no copy): what a save or a load reads."""
+    state = {}
+    for name, tensor in model.state_dict().items():
+        owner, _, leaf = name.rpartition(".")
+        if leaf in ("lora_A", "lora_B") or ".parametrizations.weight.0." in name or owner.endswith(".new"):
+            continue  # the change itself: in W below, or in the new rows
+        parent = model.get_submodule(owner[: -len(".base")]) if owner.endswith(".base") else None
+        if ".parametrizations.weight." in name:  # a (V, C) matrix read whole: old rows, then new
+            module = name.split(".parametrizations.")[0]
+            state[module + ".weight"] = model.get_submodule(module).weight.detach()
+        elif isinstance(parent, NewRowsEmbedding):
+            state[owner[: -len(".base")] + ".weight"] = parent.weight.detach()
+        elif isinstance(parent, LoRALinear):
+            key = owner[: -len(".base")] + "." + leaf
+            state[key] = tensor + parent.delta().to(tensor.dtype) if merged and leaf == "weight" else tensor
+        else:
+            state[name] = tensor
+    return state
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
-    """A new plain GPT of the base's shape and names whose matrices hold the changes: each adapted
-    W as W + (alpha / r) B A, the embedding and head with their new rows (see the module). Shares
-    no storage with `model`, which is left as it is."""
+    """A new plain GPT holding `plain_state(model)` (see the module): the same outputs to float
+    rounding, with no extra work per token. `model` is left as it is."""
     from scratchlm.model.gpt import GPT
 
     plain = GPT(model.config).to(next(model.parameters()).device)
-    state = {}
-    for name in plain.state_dict():
-        owner, _, leaf = name.rpartition(".")
-        module = model.get_submodule(owner)
-        if isinstance(module, LoRALinear):
-            value = module.base.weight + module.delta().to(module.base.weight.dtype) if leaf == "weight" else module.base.bias
-        else:
-            value = getattr(module, leaf)  # a parametrized (V, C) matrix is read whole: old rows, then new
-        state[name] = value.detach().to(plain.state_dict()[name].dtype)
-    plain.load_state_dict(state)
+    plain.load_state_dict(plain_state(model))
     return plain.train(model.training)
 
 
