@@ -44,7 +44,7 @@ from scratchlm.errors import UserError, check_folder_path, read_failure
 from scratchlm.fileio import ASIDE_PREFIX, STAGED_PREFIX, atomic_write, staged_name, why_write_failed
 from scratchlm.machine.memory import check_model_fits
 from scratchlm.model.config import GPTConfig
-from scratchlm.model.gpt import GPT
+from scratchlm.model.gpt import GPT, gpt_holding
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
@@ -264,7 +264,7 @@ def _model_from_weights(model_config: GPTConfig, weights: dict[str, torch.Tensor
                 f"{path}: tensor {name} has shape {tuple(weights[name].shape)} but the model config in "
                 f"config.json needs {tuple(shape)}"
             )
-    return GPT.holding(model_config, weights)
+    return gpt_holding(model_config, weights)
 
 
 # --------------------------------------------------------------------------------------------

@@ -227,3 +227,16 @@ def test_export_hf_of_a_lora_run_is_the_merged_model_in_transformers(tmp_path, b
         theirs = hf(x).logits
         assert torch.allclose(theirs, merged(x)[0], atol=1e-4, rtol=0)
         assert not torch.allclose(theirs, plain_base(x)[0], atol=1e-4, rtol=0)  # the adapters are in it
+
+
+def test_train_init_from_with_lora_adapts_the_source_and_keeps_its_vocabulary(tmp_path, base):
+    (tmp_path / "more.txt").write_text(POEM * 20, encoding="utf-8")
+    train(_config(tmp_path, "more", data=str(tmp_path / "more.txt"), init_from=str(base), lora_rank=2, max_steps=2))
+    from safetensors.torch import load_file
+
+    saved = load_file(str(tmp_path / "more" / "ckpt-00000002" / "model.safetensors"))
+    assert saved and all(n.endswith(("lora_A", "lora_B")) for n in saved)  # no new ids: no rows train
+    source, _, _ = load_model(base)
+    copy_of_base, _, _ = load_model(tmp_path / "more" / "base")
+    assert list(copy_of_base.state_dict()) == list(source.state_dict())
+    assert all(torch.equal(copy_of_base.state_dict()[n], t) for n, t in source.state_dict().items())

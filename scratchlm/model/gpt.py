@@ -413,25 +413,6 @@ class GPT(nn.Module):
         flat = flat if flat.dtype == torch.float64 else flat.float()
         return F.cross_entropy(flat, targets.reshape(-1).long(), ignore_index=ignore_index)
 
-    @classmethod
-    def holding(cls, config: GPTConfig, state: dict[str, torch.Tensor]) -> "GPT":
-        """A float32 CPU model of `config` whose parameters are the tensors of `state` themselves
-        (names and shapes checked by the caller): built on the meta device and given them, so a
-        load holds one copy of the weights, not two. A tied head is tied again; the fixed
-        tables (sinusoidal, RoPE) are computed anew."""
-        with torch.device("meta"):
-            model = cls(config)
-        state = {k: v if v.dtype == torch.float32 else v.float() for k, v in state.items()}
-        model.load_state_dict(state, strict=not config.tie_weights, assign=True)
-        if config.tie_weights:
-            model.lm_head.weight = model.transformer.wte.weight
-        for module in model.modules():
-            for name, buf in list(module._buffers.items()):
-                if buf is not None and buf.is_meta:
-                    module._buffers[name] = torch.empty(0)
-        model._build_fixed_tables()
-        return model
-
     def num_params(self, embeddings: bool = True) -> int:
         """Parameters, shared tensors counted once; without token/position embedding tables if asked."""
         total = sum(p.numel() for p in self.parameters())
@@ -454,3 +435,22 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
         yield model
     finally:
         model.train(was_training)
+
+
+def gpt_holding(config: GPTConfig, state: dict[str, torch.Tensor]) -> GPT:
+    """A float32 CPU model of `config` whose parameters are the tensors of `state` themselves
+    (names and shapes checked by the caller): built on the meta device and given them, so a
+    load holds one copy of the weights, not two. A tied head is tied again; the fixed
+    tables (sinusoidal, RoPE) are computed anew."""
+    with torch.device("meta"):
+        model = GPT(config)
+    state = {k: v if v.dtype == torch.float32 else v.float() for k, v in state.items()}
+    model.load_state_dict(state, strict=not config.tie_weights, assign=True)
+    if config.tie_weights:
+        model.lm_head.weight = model.transformer.wte.weight
+    for module in model.modules():
+        for name, buf in list(module._buffers.items()):
+            if buf is not None and buf.is_meta:
+                module._buffers[name] = torch.empty(0)
+    model._build_fixed_tables()
+    return model

@@ -17,7 +17,7 @@ import torch
 
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.fileio import file_record
-from scratchlm.model.lora import add_lora, merge_lora, trainable_state
+from scratchlm.model.lora import add_lora, plain_state, trainable_state
 
 
 def adapt(model: torch.nn.Module, cfg, added_ids: list[int]) -> torch.nn.Module:
@@ -35,7 +35,7 @@ def base_record(setup, model: torch.nn.Module) -> dict:
     main process; call once the folder is the run's); a resumed one reads the record it saved."""
     if setup.resume_ckpt is not None:
         return dict(ckpt_io.SavedConfig.read(setup.resume_ckpt).extra.get("lora_base") or {})
-    base = merge_lora(model).cpu()  # B = 0: exactly the source, with its new rows
+    base = _Plain(model.config, plain_state(model, merged=False))  # the base's own tensors, not a copy of them
     out = ckpt_io.save_model_checkpoint(base, setup.tokenizer, setup.run_dir / ckpt_io.LORA_BASE_DIR,
                                         extra_config={"lora_base_of": str(setup.cfg.init_from)})
     added = setup.fine_tuning.added_ids if setup.fine_tuning is not None else []
@@ -47,3 +47,14 @@ def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """What a LoRA checkpoint's weights file holds."""
     return trainable_state(model)
 
+
+
+class _Plain:
+    """What save_model_checkpoint reads of a model (its config and state dict), for a state
+    without a GPT built around it: a second model's memory is what LoRA saves."""
+
+    def __init__(self, config, state: dict[str, torch.Tensor]):
+        self.config, self._state = config, state
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return self._state
