@@ -17,6 +17,7 @@ which no layout changes, and goes to each of them as it is. No layout knowledge 
 
 from __future__ import annotations
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from scratchlm.errors import UserError, check_folder_path
-from scratchlm.model.lora import LoRALinear, merge_lora
+from scratchlm.model.lora import LoRALinear, has_lora, merge_lora
 
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 
@@ -106,17 +107,11 @@ def _is_conv1d(key: str) -> bool:
 
 def _with_matrices(model, weights: dict[str, torch.Tensor]):
     """A plain copy of `model` (merged if adapted) with the named matrices replaced."""
-    plain = merge_lora(model) if any(isinstance(m, LoRALinear) for m in model.modules()) else _copy(model)
+    plain = merge_lora(model) if has_lora(model) else copy.deepcopy(model)
     with torch.no_grad():
         for name, w in weights.items():
             plain.get_submodule(name).weight.copy_(w)
     return plain
-
-
-def _copy(model):
-    import copy
-
-    return copy.deepcopy(model)
 
 
 def _hf_state(model) -> dict[str, torch.Tensor]:

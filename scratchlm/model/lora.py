@@ -170,11 +170,11 @@ def plain_state(model: nn.Module, merged: bool = True) -> dict[str, torch.Tensor
 def merge_lora(model: nn.Module) -> nn.Module:
     """A new plain GPT holding `plain_state(model)` (see the module): the same outputs to float
     rounding, with no extra work per token. `model` is left as it is."""
-    from scratchlm.model.gpt import GPT
+    from scratchlm.model.gpt import gpt_holding
 
-    plain = GPT(model.config).to(next(model.parameters()).device)
-    plain.load_state_dict(plain_state(model))
-    return plain.train(model.training)
+    # copies, so the new model shares no storage; built around them, so it is never initialised first
+    plain = gpt_holding(model.config, {k: v.clone() for k, v in plain_state(model).items()})
+    return plain.to(next(model.parameters()).device).train(model.training)  # the fixed tables beside the weights
 
 
 def count_trainable(config, rank: int, targets: Sequence[str] = TARGETS) -> list[tuple[str, int, int, int]]:

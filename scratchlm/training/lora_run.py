@@ -6,7 +6,8 @@ with three differences, all here:
     the base      written once, when the run folder is made, as RUN/base: a weights-only
                   checkpoint of the model at step 0 (B = 0, so exactly the source with its new
                   rows), whose sha256 every checkpoint records
-    checkpoints   only the adapters' tensors (and the new rows); scratchlm.checkpoint.load_model
+    checkpoints   only the adapters' tensors and the new rows (scratchlm.model.lora.trainable_state);
+                  scratchlm.checkpoint.load_model
                   puts them on RUN/base, checked against that sha256, and merges them for
                   generation and export (or leaves them apart to resume)
 """
@@ -17,7 +18,7 @@ import torch
 
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.fileio import file_record
-from scratchlm.model.lora import add_lora, plain_state, trainable_state
+from scratchlm.model.lora import add_lora, plain_state
 
 
 def adapt(model: torch.nn.Module, cfg, added_ids: list[int]) -> torch.nn.Module:
@@ -41,12 +42,6 @@ def base_record(setup, model: torch.nn.Module) -> dict:
     added = setup.fine_tuning.added_ids if setup.fine_tuning is not None else []
     return {"sha256": file_record(out / ckpt_io.WEIGHTS_FILE)["sha256"], "from": str(setup.cfg.init_from),
             "new_rows_from": new_rows_from(added)}
-
-
-def adapter_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """What a LoRA checkpoint's weights file holds."""
-    return trainable_state(model)
-
 
 
 class _Plain:

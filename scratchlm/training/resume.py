@@ -15,9 +15,9 @@ import torch
 
 from scratchlm.errors import UserError
 from scratchlm.model.gpt import GPT
+from scratchlm.model.lora import trainable_state
 from scratchlm import checkpoint as ckpt_io
 from scratchlm.training import run_folder
-from scratchlm.training.lora_run import adapter_state
 from scratchlm.training.distributed import fsdp_load_optimizer, full_states, gather_objects
 from scratchlm.training.parts import TrainParts
 from scratchlm.training.progress import RunLog
@@ -32,7 +32,7 @@ def save_run(setup: RunSetup, parts: TrainParts, model: GPT, state: TrainState, 
     cfg, d = setup.cfg, setup.d
     model_state, optimizer_state = full_states(model, parts.model, parts.optimizer, cfg, d)
     if cfg.lora_rank:  # the adapters only: they go on the run's base (scratchlm.training.lora_run)
-        model_state = adapter_state(model)
+        model_state = trainable_state(model)
     ranks = gather_objects({"rng": rng_state(), "data": parts.batches.state_dict()}, d)
     path = None
     if d.is_main:

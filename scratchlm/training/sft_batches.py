@@ -43,6 +43,8 @@ class ConversationBatches:
         self.rank, self.world_size = d.rank, d.world_size
         self.epoch, self.cursor = 0, 0
         self._order = self._shuffled(0)
+        self.rows_sha256 = _digest(self.rows)
+        """Of the rows as trained: a resume on other rows is refused."""
         self.drawn = 0
         """Real (unpadded) input positions of every global batch drawn so far (the loop's token count)."""
 
@@ -62,27 +64,29 @@ class ConversationBatches:
         return padded([self.rows[i] for i in everyone[self.rank :: self.world_size]], self.pad_id)
 
     def state_dict(self) -> dict:
-        return {"epoch": self.epoch, "cursor": self.cursor, "rows": len(self.rows), "rows_sha256": self._digest(),
+        return {"epoch": self.epoch, "cursor": self.cursor, "rows": len(self.rows), "rows_sha256": self.rows_sha256,
                 "seed": self.seed}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue where `state` was taken, on the same rows: other rows (another held-out split,
         loss mask or context) would train on what was held out, or on other targets."""
         then = (state.get("rows"), state.get("rows_sha256"), state.get("seed"))
-        if then != (len(self.rows), self._digest(), self.seed):
+        if then != (len(self.rows), self.rows_sha256, self.seed):
             raise UserError(f"cannot resume the fine-tuning batches: the run trained on {then[0]} rows (seed "
                             f"{then[2]}), now {len(self.rows)} other rows (seed {self.seed}); give the run's own "
                             "--val_fraction, --seed and --train_on")
         self.epoch, self.cursor = int(state["epoch"]), int(state["cursor"])
         self._order = self._shuffled(self.epoch)
 
-    def _digest(self) -> str:
-        """sha256 over every row's ids and loss mask, in order."""
-        h = hashlib.sha256()
-        for row in self.rows:
-            h.update(np.asarray(row.ids, dtype=np.int64).tobytes())
-            h.update(np.packbits(np.asarray(row.loss_mask, dtype=bool)).tobytes() + b"|")
-        return h.hexdigest()
+
+
+def _digest(rows: Sequence[ChatRow]) -> str:
+    """sha256 over every row's ids and loss mask, in order."""
+    h = hashlib.sha256()
+    for row in rows:
+        h.update(np.asarray(row.ids, dtype=np.int64).tobytes())
+        h.update(np.packbits(np.asarray(row.loss_mask, dtype=bool)).tobytes() + b"|")
+    return h.hexdigest()
 
 
 def padded(batch: Sequence[ChatRow], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
