@@ -246,3 +246,33 @@ def test_gradients_reach_only_what_wants_them(frozen):
     plain = F.cross_entropy(F.linear(tensors["h"], tensors["weight"], tensors["bias"]), y)
     for got, want in zip(torch.autograd.grad(fused, live), torch.autograd.grad(plain, live)):
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("split", [1, 40, 52])
+def test_a_weight_in_row_blocks_gives_the_whole_matrixs_loss_and_gradients(bias, split):
+    """A head kept as frozen rows and trainable new ones (a LoRA fine-tune's, model/lora.py): the
+    loss and the gradients of h and of the new rows are the plain path's on the stacked matrix,
+    and the frozen block gets none."""
+    h, w, b, y = _inputs(bias=bias)
+    y[::7] = -100
+    old, new = w.detach()[:split], w.detach()[split:].clone().requires_grad_()
+    b = None if b is None else b.detach()  # a frozen bias, as a fine-tune's base holds it
+    fused = linear_cross_entropy(h, (old, new), b, y, chunk_rows=8)
+    stacked = torch.cat([old, w.detach()[split:].clone().requires_grad_()])
+    plain = F.cross_entropy(F.linear(h, stacked, b), y)
+    torch.testing.assert_close(fused, plain)
+    got_h, got_new = torch.autograd.grad(fused, (h, new))
+    want_h, want_w = torch.autograd.grad(plain, (h, stacked))
+    torch.testing.assert_close(got_h, want_h, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(got_new, want_w[split:], atol=1e-6, rtol=1e-5)
+
+
+def test_a_frozen_block_has_no_gradient_matrix_made_or_kept():
+    """What backward keeps for a head of 50 frozen rows and 3 trained ones: the (N, C) gradient
+    of h and the trained block's (C, 3), never a (C, 50) or (C, 53) one."""
+    h, w, _, y = _inputs(N=16, C=12, V=53, bias=False)
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(tuple(t.shape)) or t, lambda t: t):
+        linear_cross_entropy(h, (w.detach()[:50], w.detach()[50:].requires_grad_()), None, y)
+    assert sorted(saved) == [(12, 3), (16, 12)]

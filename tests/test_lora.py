@@ -92,6 +92,35 @@ def test_the_adapted_model_computes_what_peft_computes_with_the_same_matrices():
         assert torch.allclose(ours(x)[0], theirs(x)[0], atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize("variant", [dict(tie_weights=True), dict(tie_weights=False, lm_head_bias=True)],
+                         ids=["tied", "untied"])
+@pytest.mark.parametrize("fused", [False, True], ids=["plain-loss", "fused-loss"])
+def test_the_new_rows_get_the_gradient_the_whole_matrix_would_give_them(variant, fused, monkeypatch):
+    """The trained new rows (3 of 50 ids) against the base model with every weight trainable: their
+    gradient (embedding and head use, tied or not) is that model's gradient's last 3 rows, on the
+    plain loss and on the chunked one that reads the head as its two blocks of rows."""
+    import scratchlm.model.gpt as gpt_module
+
+    monkeypatch.setattr(gpt_module, "FUSED_LOSS_MIN_SCORES", 1 if fused else 1 << 40)
+    x, y = torch.randint(0, 50, (2, 12)), torch.randint(0, 50, (2, 12))
+    x[0, :4], y[1, :4] = torch.tensor([47, 48, 49, 47]), torch.tensor([49, 48, 47, 49])  # the new ids, in and out
+    whole = _model(**variant).train()
+    _, loss = whole(x, y, return_logits=False)
+    loss.backward()
+    adapted = add_lora(_model(**variant).train(), rank=4, alpha=8.0, new_rows_from=47)
+    _, adapted_loss = adapted(x, y, return_logits=False)
+    adapted_loss.backward()
+    torch.testing.assert_close(adapted_loss, loss)
+    grads = {n: p.grad for n, p in adapted.named_parameters() if n.endswith(".rows")}
+    torch.testing.assert_close(grads["transformer.wte.new.rows"], whole.transformer.wte.weight.grad[47:])
+    if variant["tie_weights"]:  # one NewRows for both uses
+        assert list(grads) == ["transformer.wte.new.rows"]
+    else:
+        torch.testing.assert_close(grads["lm_head.new.rows"], whole.lm_head.weight.grad[47:])
+        torch.testing.assert_close(adapted.lm_head.bias, whole.lm_head.bias)  # frozen, its grad none
+        assert adapted.lm_head.bias.grad is None
+
+
 ARCHS = {"gpt2": dict(lm_head_bias=False), "gpt_neox": dict(pos_embedding="rope", lm_head_bias=False),
          "llama": dict(pos_embedding="rope", norm="rmsnorm", activation="swiglu", qkv_bias=False, proj_bias=False,
                        mlp_bias=False, lm_head_bias=False, tie_weights=False)}

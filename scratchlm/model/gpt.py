@@ -399,7 +399,8 @@ class GPT(nn.Module):
             if targets is None:
                 raise ValueError("return_logits=False needs targets: the loss is all it returns")
             if x.shape[0] * x.shape[1] * self.config.vocab_size >= FUSED_LOSS_MIN_SCORES:
-                return None, linear_cross_entropy(x, self.lm_head.weight, self.lm_head.bias, targets, ignore_index)
+                weight = getattr(self.lm_head, "weight_blocks", None) or self.lm_head.weight  # see model/lora.py
+                return None, linear_cross_entropy(x, weight, self.lm_head.bias, targets, ignore_index)
             return None, self._plain_loss(self.lm_head(x), targets, ignore_index)
         logits = self.lm_head(x)  # (B, T, V)
         loss = self._plain_loss(logits, targets, ignore_index) if targets is not None else None

@@ -20,8 +20,11 @@ work per token: generation, the fast decoding paths and every exporter read that
 
 A fine-tune that taught the tokenizer new ids (the chat template's tokens) must also learn their
 rows of the token embedding and the output head: `train_new_rows` leaves the old rows frozen and
-makes only the new ones a parameter (the (V, C) matrix is read as the frozen rows followed by
-the trained ones, for the embedding and for a tied or untied head alike).
+makes only the new ones a parameter, for the embedding and for a tied or untied head alike. Neither
+makes a (V, C) matrix for a step: the embedding looks a new id up in the new rows, and the
+training loss reads the head as its two blocks of rows, making a gradient for the new block
+only (for GPT-2's 50,257 ids and width 768 a (V, C) float32 matrix is 154 MB, and a whole head's
+gradient would be two more of them).
 """
 
 from __future__ import annotations
@@ -32,7 +35,6 @@ from typing import Sequence
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.nn.utils import parametrize
 
 TARGETS = ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")
 """The block matrices LoRA can adapt, as each block names them (W_QKV, W_O, the MLP's two)."""
@@ -61,7 +63,8 @@ class LoRALinear(nn.Module):
 
 
 class NewRows(nn.Module):
-    """Parametrizes a (V, C) weight as its first `start` rows, frozen, followed by trainable new ones."""
+    """The trainable rows `start`.. of a (V, C) table; called on the table, the whole of it: its
+    first `start` rows, frozen, followed by these."""
 
     def __init__(self, weight: torch.Tensor, start: int):
         super().__init__()
@@ -90,6 +93,33 @@ class NewRowsEmbedding(nn.Module):
         old = F.embedding(idx, self.base.weight.detach())  # (B, T, C); a new id's row here is replaced below
         new = F.embedding((idx - start).clamp(min=0), self.new.rows)  # (B, T, C)
         return torch.where((idx >= start).unsqueeze(-1), new, old)
+
+
+class NewRowsHead(nn.Module):
+    """The output head with trainable new rows (a tied head shares the embedding's NewRows).
+    `weight_blocks` is what the training loss reads (model/fused_loss.py): the frozen rows and the
+    new ones apart, so only the new block gets a gradient; `weight` is the whole (V, C) for a
+    reader of the whole matrix."""
+
+    def __init__(self, base: nn.Linear, new: NewRows):
+        super().__init__()
+        self.base, self.new = base, new
+        self.in_features, self.out_features = base.in_features, base.out_features
+
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.new(self.base.weight)  # (V, C)
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.base.bias
+
+    @property
+    def weight_blocks(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.base.weight[: self.new.start].detach(), self.new.rows  # (start, C), (V - start, C)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)  # one product over the whole matrix: the base's scores to the bit
 
 
 def parse_targets(text: str | Sequence[str]) -> tuple[str, ...]:
@@ -128,10 +158,7 @@ def train_new_rows(model: nn.Module, start: int) -> None:
     rows = NewRows(wte.weight, start)
     tied = head.weight is wte.weight
     model.transformer.wte = NewRowsEmbedding(wte, rows)
-    if tied:
-        parametrize.register_parametrization(head, "weight", rows, unsafe=True)
-    else:
-        parametrize.register_parametrization(head, "weight", NewRows(head.weight, start), unsafe=True)
+    model.lm_head = NewRowsHead(head, rows if tied else NewRows(head.weight, start))
 
 
 def has_lora(model: nn.Module) -> bool:
@@ -151,14 +178,12 @@ def plain_state(model: nn.Module, merged: bool = True) -> dict[str, torch.Tensor
     state = {}
     for name, tensor in model.state_dict().items():
         owner, _, leaf = name.rpartition(".")
-        if leaf in ("lora_A", "lora_B") or ".parametrizations.weight.0." in name or owner.endswith(".new"):
+        if leaf in ("lora_A", "lora_B") or owner.endswith(".new"):
             continue  # the change itself: in W below, or in the new rows
         parent = model.get_submodule(owner[: -len(".base")]) if owner.endswith(".base") else None
-        if ".parametrizations.weight." in name:  # a (V, C) matrix read whole: old rows, then new
-            module = name.split(".parametrizations.")[0]
-            state[module + ".weight"] = model.get_submodule(module).weight.detach()
-        elif isinstance(parent, NewRowsEmbedding):
-            state[owner[: -len(".base")] + ".weight"] = parent.weight.detach()
+        if isinstance(parent, (NewRowsEmbedding, NewRowsHead)):  # a (V, C) table read whole: old rows, then new
+            key = owner[: -len(".base")] + "." + leaf
+            state[key] = parent.weight.detach() if leaf == "weight" else tensor
         elif isinstance(parent, LoRALinear):
             key = owner[: -len(".base")] + "." + leaf
             state[key] = tensor + parent.delta().to(tensor.dtype) if merged and leaf == "weight" else tensor
