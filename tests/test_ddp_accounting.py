@@ -23,7 +23,7 @@ pytestmark = [
 B, T, ACCUM, STEPS = 2, 16, 2, 3
 
 
-def _train(tmp_path: Path, text: Path, name: str, nproc: int) -> list[dict]:
+def _train(tmp_path: Path, text: Path, name: str, nproc: int) -> tuple[list[dict], str]:
     args = ["train", "--data", str(text), "--data_cache", str(tmp_path / "data"), "--out_dir", str(tmp_path / name),
             "--n_layer", "1", "--n_embd", "32", "--n_head", "2", "--block_size", str(T), "--dropout", "0.0",
             "--batch_size", str(B), "--grad_accum", str(ACCUM), "--max_steps", str(STEPS), "--warmup_steps", "0",
@@ -35,7 +35,7 @@ def _train(tmp_path: Path, text: Path, name: str, nproc: int) -> list[dict]:
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     records = [json.loads(line) for line in (tmp_path / name / "metrics.jsonl").read_text().splitlines()]
-    return [r for r in records if r["event"] == "train"]
+    return [r for r in records if r["event"] == "train"], proc.stdout
 
 
 def test_two_processes_count_both_processes_tokens_and_report_mfu_per_device(tmp_path):
@@ -43,11 +43,13 @@ def test_two_processes_count_both_processes_tokens_and_report_mfu_per_device(tmp
     words = "the a king queen speaks runs to of and in my thy lord love night day sword crown".split()
     text = tmp_path / "text.txt"
     text.write_text("\n".join(" ".join(rng.choice(words) for _ in range(rng.randint(4, 9))) for _ in range(200)))
-    two = _train(tmp_path, text, "two", nproc=2)
-    one = _train(tmp_path, text, "one", nproc=1)
+    two, two_said = _train(tmp_path, text, "two", nproc=2)
+    one, one_said = _train(tmp_path, text, "one", nproc=1)
     # tokens seen after step s: s steps x 2 processes x B rows x T tokens x ACCUM micro-batches
     assert [r["tokens"] for r in two] == [s * 2 * B * T * ACCUM for s in range(1, STEPS + 1)]
     assert [r["tokens"] for r in one] == [s * B * T * ACCUM for s in range(1, STEPS + 1)]
+    assert f" {2 * B * T * ACCUM:,} tokens/step," in two_said  # the run's first line says the same
+    assert f" {B * T * ACCUM:,} tokens/step," in one_said
     # MFU = FLOPs per token x tokens/s / (devices x peak of one): with the same model, dtype and
     # threads, mfu / tokens_per_s is FLOPs per token / peak for one process and half that for two
     # (a ratio of two figures of one log line each: no two timings are compared)

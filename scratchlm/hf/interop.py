@@ -39,6 +39,7 @@ from scratchlm.machine.memory import check_fits, footprint
 from scratchlm.model.config import GPTConfig
 from scratchlm.model.gpt import GPT
 from scratchlm.checkpoint import WEIGHTS_FILE, quiet_torch_load, staged_dir
+from scratchlm.text.chat import has_chat_tokens, jinja_template
 
 # Weights that Hugging Face's Conv1D stores as (in, out); nn.Linear wants (out, in).
 CONV1D_SUFFIXES = ("attn.c_attn.weight", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_proj.weight")
@@ -506,6 +507,8 @@ def export_hf(model: GPT, out_dir: Path | str, tokenizer: Any = None) -> Path:
 def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int) -> bool:
     """Write files `transformers.AutoTokenizer` loads (char, bpe and gpt2 tokenizers); False, with
     a warning, for a kind that has no Hugging Face form."""
+    from scratchlm.text.tokenizer import GPT2_EOT_ID
+
     kind = getattr(tokenizer, "kind", None)
     with tempfile.TemporaryDirectory() as saved:
         tokenizer.save(saved)  # the tokenizer's own public format, read back below
@@ -516,6 +519,8 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
             hf_tok = Tokenizer.from_file(str(saved / "tokenizer.json"))
         elif kind == "gpt2":
             hf_tok, vocab, merges = gpt2_tokenizer_from_ranks(saved / "gpt2.tiktoken")
+            added = [t for t, i in tokenizer.specials.items() if i > GPT2_EOT_ID]  # in id order: 50257, ...
+            hf_tok.add_special_tokens(added)
             (directory / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
             merges_text = "#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges)
             (directory / "merges.txt").write_text(merges_text, encoding="utf-8")
@@ -541,6 +546,10 @@ def write_hf_tokenizer(tokenizer: Any, directory: Path, *, model_max_length: int
         # this keeps transformers from turning such text into the special id
         "split_special_tokens": True,
     }
+    if has_chat_tokens(tokenizer):
+        # a fine-tuned run's template; its special spellings are read as their ids, as every
+        # Hugging Face chat model reads its own (so `apply_chat_template` gives scratchlm's ids)
+        tok_config |= {"chat_template": jinja_template(), "split_special_tokens": False}
     (directory / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n", encoding="utf-8")
     return True
 

@@ -14,6 +14,7 @@ model writes next is the reply.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -77,3 +78,21 @@ class ChatTemplate:
     def prompt(self, messages: Sequence) -> list[int]:
         """The ids a reply is generated after: the conversation so far, then <|assistant|>."""
         return [*self.render(messages).ids, self.special[ROLE_TOKENS["assistant"]]]
+
+
+def jinja_template() -> str:
+    """The template in Jinja, as Hugging Face's `chat_template` (tokenizer_config.json) and
+    llama.cpp's `tokenizer.chat_template` (GGUF) hold it: the conversation's text with the role
+    and end tokens spelled out, which an exported tokenizer reads back as their ids, so
+    `apply_chat_template(messages, add_generation_prompt=True)` gives `ChatTemplate.prompt`'s ids."""
+    return ("{%- set roles = " + json.dumps(ROLE_TOKENS) + " -%}{{ bos_token }}{%- for message in messages -%}"
+            "{%- if message['role'] not in roles -%}{{ raise_exception('the roles are " + ", ".join(ROLE_TOKENS)
+            + "; got ' + message['role']) }}{%- endif -%}"
+            "{{ roles[message['role']] + message['content'] + '" + END_TOKEN + "' }}{%- endfor -%}"
+            "{%- if add_generation_prompt -%}{{ roles['assistant'] }}{%- endif -%}")
+
+
+def has_chat_tokens(tokenizer) -> bool:
+    """Whether `tokenizer` (any kind) holds every token of the template: a fine-tuned run's does."""
+    specials = getattr(tokenizer, "specials", {})
+    return all(t in specials for t in CHAT_TOKENS)
