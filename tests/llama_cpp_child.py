@@ -12,6 +12,10 @@ REQUEST: {"model": path, "n_ctx": n, "options": {keyword arguments of llama_cpp.
   {"op": "greedy", "ids": [...], "n": n}       llama.cpp's greedy continuation: {"ids", "text"}
   {"op": "tokenize", "text": s}                the ids of s (no BOS, specials read as text)
   {"op": "detokenize", "ids": [...]}           the text of the ids
+  {"op": "chat", "messages": [...], "n": n}    create_chat_completion's greedy reply of at most n
+                                              tokens, through the file's own chat template:
+                                              {"text", "finish", "prompt_ids"}, the last the ids of
+                                              the prompt that template renders
 """
 
 from __future__ import annotations
@@ -31,6 +35,20 @@ def greedy(llm, ids: list[int], n: int) -> dict:
         if len(out) == n:
             break
     return {"ids": out, "text": llm.detokenize(out).decode("utf-8", errors="replace")}
+
+
+def chat(llm, messages: list[dict], n: int) -> dict:
+    """A chat completion as an application makes one, greedy, and the prompt ids it was made from."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    llm.reset()
+    reply = llm.create_chat_completion(messages, temperature=0.0, repeat_penalty=1.0, max_tokens=n)
+    vocab = llm._model
+    formatter = Jinja2ChatFormatter(llm.metadata["tokenizer.chat_template"], eos_token=vocab.token_get_text(vocab.token_eos()),
+                                    bos_token=vocab.token_get_text(vocab.token_bos()))
+    prompt = formatter(messages=messages).prompt
+    return {"text": reply["choices"][0]["message"]["content"], "finish": reply["choices"][0]["finish_reason"],
+            "prompt_ids": llm.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)}
 
 
 def scores(llm, ids: list[int], npy: str) -> int:
@@ -56,6 +74,8 @@ def main(path: str) -> None:
             answers.append(greedy(llm, call["ids"], call["n"]))
         elif op == "tokenize":
             answers.append(llm.tokenize(call["text"].encode("utf-8"), add_bos=False, special=False))
+        elif op == "chat":
+            answers.append(chat(llm, call["messages"], call["n"]))
         elif op == "detokenize":
             answers.append(llm.detokenize(call["ids"]).decode("utf-8"))
         else:

@@ -292,3 +292,55 @@ def test_llama_cpp_tokenizes_and_detokenizes_as_scratchlm(name, tmp_path):
             continue
         assert theirs == tok.encode(text), label
         assert back == text, label
+
+
+CHAT = [{"role": "system", "content": "Where is the king?"}, {"role": "user", "content": "床前明月光，"},
+        {"role": "assistant", "content": "疑是地上霜。"}, {"role": "user", "content": "举头望明月，"}]
+
+
+def chat_model(tok, ends: bool):
+    """A small random model around `tok`; `ends`: one whose every next token is <|end|> (the final
+    norm's output made a constant that only <|end|>'s head row reads), so a reply ends at once."""
+    from scratchlm.model.config import GPTConfig
+    from scratchlm.model.gpt import GPT
+    from scratchlm.text.chat import END_TOKEN
+
+    torch.manual_seed(1)
+    model = GPT(GPTConfig(vocab_size=tok.vocab_size, block_size=64, n_layer=1, n_head=2, n_embd=32,
+                          pos_embedding="rope", activation="gelu_tanh", lm_head_bias=False)).eval()
+    if ends:
+        with torch.no_grad():
+            model.transformer.ln_f.weight.zero_()
+            model.transformer.ln_f.bias.fill_(1.0)
+            model.lm_head.weight.mul_(0.01)[tok.specials[END_TOKEN]] = 1.0
+    return model
+
+
+@pytest.mark.parametrize("ends", [False, True], ids=["runs-on", "ends"])
+@pytest.mark.parametrize("name", ["char", "bpe", "gpt2"])
+def test_llama_cpps_chat_completion_renders_our_prompt_and_gives_our_greedy_reply(name, ends, tmp_path):
+    """create_chat_completion on the exported file (its tokenizer.chat_template, its <|end|> as the
+    end of a turn): the prompt's ids are ChatTemplate.prompt's, and the greedy reply is scratchlm's
+    (the text an application shows: control tokens print nothing), stopping where ours stops."""
+    from scratchlm.data.conversations import Message
+    from scratchlm.generation.generate import generate_ids
+    from scratchlm.text.chat import CHAT_TOKENS, END_TOKEN, ChatTemplate
+
+    tok = tokenizers_under_test(name).with_tokens(CHAT_TOKENS)
+    template = ChatTemplate(encode=tok.encode, special=tok.specials, bos_id=tok.bos_id)
+    model = chat_model(tok, ends)
+    export_gguf(model, tok, tmp_path / "chat.gguf", "f32")
+    prompt = template.prompt([Message(m["role"], m["content"]) for m in CHAT])
+    n = 12
+    out = generate_ids(model, torch.tensor([prompt]), greedy=True, max_new_tokens=n, eos_id=tok.specials[END_TOKEN])
+    reply = out[0, len(prompt):].tolist()
+    stopped = tok.specials[END_TOKEN] in reply
+    reply = reply[: reply.index(tok.specials[END_TOKEN])] if stopped else reply
+    assert stopped == ends
+    [theirs] = llama(tmp_path / "chat.gguf", 64, [{"op": "chat", "messages": CHAT, "n": n}], tmp_path)
+    assert theirs["prompt_ids"] == prompt
+    # a random model's byte tokens need not form UTF-8: scratchlm shows such bytes as U+FFFD,
+    # llama-cpp-python's reply leaves them out
+    ours = tok.decode([i for i in reply if i not in tok.special_ids]).replace("\ufffd", "")
+    assert theirs["text"] == ours
+    assert theirs["finish"] == ("stop" if ends else "length")

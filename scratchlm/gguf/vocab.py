@@ -17,11 +17,16 @@ the one that splits text the way scratchlm's tokenizer does:
 - `bpe` and `gpt2` -> `gpt2` with the `gpt-2` pre-tokenizer: byte-level BPE, its vocabulary and
   merges as Hugging Face's tokenizer.json holds them, split by GPT-2's pattern first.
 
-In every form, <|bos|> and <|endoftext|> are control tokens (llama.cpp's tokenize with
+In every form, <|bos|> and <|endoftext|> (and a fine-tuned run's chat tokens) are control tokens (llama.cpp's tokenize with
 special=False keeps them typed text, as scratchlm does; llama-cpp-python's create_completion
 tokenizes with special=True and reads them as the tokens), no BOS or EOS is added around a text,
 and ids no piece holds (a char vocabulary read with gaps) are written as unused placeholders. A
 char vocabulary holding NUL is refused: llama.cpp's unigram tokenizer never matches it.
+
+A fine-tuned run's vocabulary (one with the chat tokens) also carries its template,
+`tokenizer.chat_template` (scratchlm.text.chat.jinja_template), and <|end|> as the end-of-turn
+token, so llama.cpp's chat completion renders the prompt scratchlm renders and stops where a
+reply ends.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from scratchlm.errors import UserError
+from scratchlm.text.chat import END_TOKEN, has_chat_tokens, jinja_template
 
 SPACE_MARK = "\u2581"  # how llama.cpp's unigram tokenizer spells a space inside its vocabulary
 NORMAL, UNKNOWN, CONTROL, UNUSED = 1, 2, 3, 5  # llama.cpp's token types (gguf.TokenType)
@@ -51,6 +57,8 @@ class GGUFVocab:
     pre: str | None = None
     merges: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    chat_end_id: int | None = None
+    """<|end|>'s id for a vocabulary with the chat template; None without one."""
 
     def write(self, writer: Any) -> None:
         """Add the tokenizer keys to a gguf.GGUFWriter."""
@@ -67,6 +75,9 @@ class GGUFVocab:
         writer.add_pad_token_id(self.eos_id)
         if self.unk_id is not None:
             writer.add_unk_token_id(self.unk_id)
+        if self.chat_end_id is not None:
+            writer.add_chat_template(jinja_template())
+            writer.add_eot_token_id(self.chat_end_id)  # llama.cpp ends a reply there
         writer.add_add_bos_token(False)  # scratchlm adds nothing around a prompt
         writer.add_add_eos_token(False)
         writer.add_add_space_prefix(False)
@@ -76,10 +87,14 @@ class GGUFVocab:
 def gguf_vocab(tokenizer: Any) -> GGUFVocab:
     """The GGUF form of a char, bpe or gpt2 tokenizer; a UserError for one llama.cpp cannot run."""
     kind = getattr(tokenizer, "kind", None)
-    if kind == "char":
-        return _char_vocab(tokenizer)
-    if kind in ("bpe", "gpt2"):
-        return _byte_level_vocab(tokenizer)
+    if kind in ("char", "bpe", "gpt2"):
+        vocab = _char_vocab(tokenizer) if kind == "char" else _byte_level_vocab(tokenizer)
+        for spelling, i in tokenizer.specials.items():  # GPT-2's rank file spells none past <|endoftext|>
+            if vocab.types[i] != UNKNOWN:  # <unk> stays the unknown token
+                vocab.tokens[i], vocab.types[i] = spelling, CONTROL
+        if has_chat_tokens(tokenizer):
+            vocab.chat_end_id = tokenizer.specials[END_TOKEN]
+        return vocab
     if tokenizer is None:
         raise UserError("the checkpoint has no tokenizer, and llama.cpp needs one inside the GGUF file; export a run "
                         "that was trained with one (every `scratchlm train` run has)")
