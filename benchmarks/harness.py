@@ -19,6 +19,8 @@
                                             # serve: needs Chromium and playwright, else skips)
     python -m benchmarks --only lora-memory # peak RSS of LoRA sft beside full sft, gpt2-124m's shape and
                                             # vocabulary (about a minute; needs GPT-2's rank file)
+    python -m benchmarks --only tang-chat   # tang-chat's replies in the requested form beside the base's
+                                            # (trains both presets; about ten minutes; needs the corpus)
     python -m benchmarks --page-only        # just regenerate docs/results.md from the newest file
                                             # (--readme-only is the old name of the same)
 
@@ -52,7 +54,7 @@ PAGE = ROOT / "docs" / "results.md"  # the results page the README links to
 START, END = "<!-- numbers:start -->", "<!-- numbers:end -->"
 PAGE_TITLE = "# Benchmark results\n\nWritten by `python -m benchmarks` (benchmarks/harness.py).\n"
 BENCHMARKS = ("prepare", "prepare-stream", "decode-1t", "decode", "gguf", "train", "train-gpu", "serve", "tang", "tang-nobf16", "time_to_loss",
-              "time_to_loss-nobf16", "lora-memory")
+              "time_to_loss-nobf16", "lora-memory", "tang-chat")
 
 
 # --------------------------------------------------------------------------------------------
@@ -196,6 +198,12 @@ def _bench_time_to_loss_no_bf16(quick: bool, repeats: int) -> dict[str, Any]:
         return json.loads(out.read_text())
 
 
+def _bench_tang_chat(quick: bool, repeats: int) -> dict[str, Any]:
+    from benchmarks import bench_tang_chat  # skips itself without the corpus
+
+    return bench_tang_chat.run(50 if quick else bench_tang_chat.REQUESTS)
+
+
 def _bench_lora_memory(quick: bool, repeats: int) -> dict[str, Any]:
     from benchmarks import bench_lora  # skips itself without GPT-2's rank file
 
@@ -205,7 +213,7 @@ def _bench_lora_memory(quick: bool, repeats: int) -> dict[str, Any]:
 RUNNERS: dict[str, Callable[[bool, int], dict[str, Any]]] = {
     "prepare": _bench_prepare, "prepare-stream": _bench_prepare_stream, "decode-1t": _bench_decode_one_thread, "decode": _bench_decode, "gguf": _bench_gguf, "train": _bench_train, "train-gpu": _bench_train_gpu,
     "serve": _bench_serve, "tang": _bench_tang, "tang-nobf16": _bench_tang_no_bf16, "time_to_loss": _bench_time_to_loss, "time_to_loss-nobf16": _bench_time_to_loss_no_bf16,
-    "lora-memory": _bench_lora_memory,
+    "lora-memory": _bench_lora_memory, "tang-chat": _bench_tang_chat,
 }
 
 
@@ -308,6 +316,16 @@ def rows_for(name: str, entry: dict[str, Any]) -> list[tuple[str, str, str, str,
         for mode, m in r["modes"].items():
             rows.append((where, mode + (f" (rank {r['rank']})" if mode == "lora" else ""), "", _num(m["peak_rss_mb"], 0), "MB"))
         rows.append((where, f"lora / full (goal <= {r['goal']})", "", _num(r["ratio"], 2), "x"))
+    elif name == "tang-chat":
+        if "skipped" in r:
+            return [("tang chat", f"skipped: {r['skipped']}", "", "", "")]
+        for model, rates in r["rates"].items():
+            for setting in ("greedy", "sampled"):
+                for kind, rate in rates[setting].items():
+                    rows.append((f"{model} replies in the requested form ({r['requests_per_kind']} held-out "
+                                 f"requests a kind)", f"{kind}, {setting}", "", _num(100 * rate), "%"))
+        for name_, t in r.get("trained", {}).items():
+            rows.append((f"{name_} training", f"{t['steps']} steps in {t['dtype']}", "", _num(t["train_s"], 0), "s"))
     elif name == "train-gpu":
         if "skipped" in r:
             rows.append(("train gpu", f"skipped: {r['skipped']}", "", "", ""))

@@ -136,6 +136,29 @@ def test_init_from_refuses_what_cannot_work(tmp_path, source):
     assert not (tmp_path / "c").exists()
 
 
+def test_a_rope_models_context_may_grow_and_a_learned_tables_may_not(tmp_path, source):
+    """--block_size with --init_from: refused in one line for a learned position table (its rows are
+    the source's), taken for a RoPE model, whose weights come along unchanged."""
+    text = _text(tmp_path / "b.txt", 1)
+    env = {**os.environ, "SCRATCHLM_CACHE": str(tmp_path / "cache")}
+    out = subprocess.run([sys.executable, "-m", "scratchlm", "train", "--init_from", str(source), "--data", str(text),
+                          "--out_dir", str(tmp_path / "long"), "--block_size", "32"], capture_output=True, text=True,
+                         env=env, timeout=240)
+    lines = out.stderr.strip().splitlines()
+    assert out.returncode == 2 and len(lines) == 1 and "16 learned rows" in lines[0], out.stderr
+    assert not (tmp_path / "long").exists()
+    rope = _config(tmp_path, "rope", text, max_steps=2, model_overrides={**MODEL, "pos_embedding": "rope"})
+    train(rope)
+    grown = _config(tmp_path, "grown", text, max_steps=2, lr=1e-12, min_lr=0.0, init_from=str(tmp_path / "rope"),
+                    model_overrides={"block_size": 32})
+    train(grown)
+    before, _, _ = load_model(tmp_path / "rope")
+    after, _, _ = load_model(tmp_path / "grown")
+    assert after.config.block_size == 32 and before.config.block_size == 16
+    for (name, a), (_, b) in zip(after.state_dict().items(), before.state_dict().items()):  # lr 1e-12: the source's
+        torch.testing.assert_close(a, b, atol=1e-8, rtol=0, msg=name)  # weights, in a model of a longer context
+
+
 @pytest.mark.parametrize("flags", [dict(tokenizer="bpe"), dict(vocab_size=500), dict(tokenizer_file="tok"),
                                    dict(tokenizer="char")])
 def test_init_from_refuses_tokenizer_flags_as_it_refuses_model_flags(flags):

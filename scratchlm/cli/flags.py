@@ -54,3 +54,22 @@ def add_model_flags(parser, note: str, skip: tuple[str, ...] = (), preset: str |
 def model_overrides(args) -> dict:
     """The model fields given on the command line, by add_model_flags."""
     return {k[len("model."):]: v for k, v in vars(args).items() if k.startswith("model.")}
+
+
+def add_generation_flags(p) -> None:
+    """One flag per field of the generation records (GenerationSettings, SamplingOptions), with the
+    help written under the field; --stop repeats, and understands \\n and \\t."""
+    from scratchlm.generation.settings import generation_fields
+
+    group = p.add_argument_group("generation settings (GenerationSettings, SamplingOptions)")
+    for f in generation_fields():
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "stop":
+            group.add_argument(flag, action="append", default=[], metavar="TEXT",
+                               help=f"{f.doc} Repeatable; \\n and \\t are understood.".replace("%", "%%"))
+        elif f.kind == "bool":
+            group.add_argument(flag, action="store_true", help=f.doc.replace("%", "%%"))
+        else:
+            shown = "off" if f.default is None else f.default
+            group.add_argument(flag, type={"int": int, "float": float}[f.kind], default=f.default,
+                               metavar=f.kind.upper(), help=f"{f.doc} (default: {shown})".replace("%", "%%"))

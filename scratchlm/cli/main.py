@@ -12,8 +12,9 @@ import argparse
 import json
 import sys
 
+from scratchlm.cli import chat as cli_chat
 from scratchlm.cli import look_inside as cli_inside
-from scratchlm.cli.flags import add_field_flags
+from scratchlm.cli.flags import add_field_flags, add_generation_flags
 from scratchlm.envflags import check_switches
 from scratchlm.errors import UserError
 from scratchlm.serve.cli import add_serve
@@ -185,7 +186,7 @@ def _run_train(args) -> int:
     import json
 
     from scratchlm.training.train import config_from_preset, resume_config, train
-    from scratchlm.training.train_config import PRETRAIN_ONLY
+    from scratchlm.training.train_config import PRETRAIN_ONLY, SOURCE_MAY_CHANGE
 
     given = vars(args)
     train_overrides = {k[len("train."):]: v for k, v in given.items() if k.startswith("train.")}
@@ -197,15 +198,17 @@ def _run_train(args) -> int:
         if args.command_stage and cfg.stage != args.command_stage:
             raise UserError(f"{args.resume} is a {cfg.stage} run: continue it with `scratchlm train --resume "
                             f"{args.resume}`, or fine-tune it with `scratchlm sft --init_from {args.resume}`")
-    elif train_overrides.get("init_from") and set(model_overrides) - {"dropout"}:
-        flags = ", ".join("--" + name for name in sorted(set(model_overrides) - {"dropout"}))
-        raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout may change)")
+    elif train_overrides.get("init_from") and set(model_overrides) - set(SOURCE_MAY_CHANGE):
+        flags = ", ".join("--" + name for name in sorted(set(model_overrides) - set(SOURCE_MAY_CHANGE)))
+        raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout and --block_size "
+                        "may change)")
     else:
         if args.command_stage:  # `scratchlm sft`: the stage whatever the preset
             train_overrides.setdefault("stage", args.command_stage)
         cfg = config_from_preset(args.preset or args.default_preset, **train_overrides, model_overrides=model_overrides)
-        if cfg.init_from:  # the source's model: of the preset's model fields none apply, of the flags only --dropout
-            cfg.model_overrides = dict(model_overrides)
+        if cfg.init_from:  # the source's model: the flags' --dropout and --block_size apply, and a preset's context
+            preset_context = {k: v for k, v in cfg.model_overrides.items() if k == "block_size"}
+            cfg.model_overrides = preset_context | dict(model_overrides)
     unused = [name for name in PRETRAIN_ONLY if name in train_overrides] if cfg.stage == "sft" else []
     if unused:
         raise UserError(f"--{unused[0]} is a pre-training setting: the sft stage takes the --init_from model's "
@@ -280,7 +283,7 @@ def _add_generate(sub) -> None:
     source = p.add_mutually_exclusive_group()
     source.add_argument("--prompt", help="text to continue; default: stdin when it is piped, else start from BOS")
     source.add_argument("--prompt-file", metavar="PATH", help="read the prompt from a UTF-8 text file (used as is)")
-    _add_generation_flags(p)
+    add_generation_flags(p)
     p.add_argument("--no-cache", action="store_true", help="recompute the whole context every step (the plain loop)")
     p.add_argument("--no-echo", action="store_true", help="print only the continuation, not the prompt before it")
     p.add_argument("--device", default="auto", help="cpu, cuda, cuda:N or auto (default: auto)")
@@ -289,25 +292,6 @@ def _add_generate(sub) -> None:
                         "bytes to read per token, at bfloat16 precision; auto: bfloat16 where this machine reads "
                         "it fast, see `scratchlm doctor`; default: the checkpoint's own)")
     p.set_defaults(run=_run_generate)
-
-
-def _add_generation_flags(p) -> None:
-    """One flag per field of the generation records (GenerationSettings, SamplingOptions), with the
-    help written under the field; --stop repeats, and understands \\n and \\t."""
-    from scratchlm.generation.settings import generation_fields
-
-    group = p.add_argument_group("generation settings (GenerationSettings, SamplingOptions)")
-    for f in generation_fields():
-        flag = "--" + f.name.replace("_", "-")
-        if f.name == "stop":
-            group.add_argument(flag, action="append", default=[], metavar="TEXT",
-                               help=f"{f.doc} Repeatable; \\n and \\t are understood.".replace("%", "%%"))
-        elif f.kind == "bool":
-            group.add_argument(flag, action="store_true", help=f.doc.replace("%", "%%"))
-        else:
-            shown = "off" if f.default is None else f.default
-            group.add_argument(flag, type={"int": int, "float": float}[f.kind], default=f.default,
-                               metavar=f.kind.upper(), help=f"{f.doc} (default: {shown})".replace("%", "%%"))
 
 
 def _read_prompt(args) -> str:
@@ -509,6 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_export_gguf(sub)
     _add_import_hf(sub)
     _add_generate(sub)
+    cli_chat.add_chat(sub)
     _add_eval(sub)
     cli_inside.add_doctor(sub)
     add_serve(sub)

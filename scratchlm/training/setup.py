@@ -33,7 +33,7 @@ from scratchlm.training import run_folder
 from scratchlm.training.distributed import Dist
 from scratchlm.training.precision import choose_dtype
 from scratchlm.training.sources import Source
-from scratchlm.training.train_config import TrainConfig
+from scratchlm.training.train_config import SOURCE_MAY_CHANGE, TrainConfig
 
 
 @dataclass(frozen=True)
@@ -132,14 +132,16 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
     tokens, the conversations read and rendered with it (scratchlm.training.sft_data), and the
     source's model config with room for the new ids (the rows themselves: parts.build_model)."""
     from scratchlm.data.conversations import CONVERSATION_SUFFIXES
+    from scratchlm.data.tang_sft import is_tang_sft, tang_sft
     from scratchlm.fileio import file_record
     from scratchlm.text.tokenizer import load_tokenizer
     from scratchlm.training.sft_data import fine_tuning_data
     from scratchlm.training.vocab_rows import rows_for
 
-    if Path(cfg.data).suffix.lower() not in CONVERSATION_SUFFIXES:
-        raise UserError(f"the sft stage learns from conversations: give --data FILE.jsonl or FILE.parquet "
-                        f"(got {cfg.data!r})")
+    data_path = tang_sft("train") if is_tang_sft(cfg.data) else Path(cfg.data)  # the built-in requests, or a file
+    if data_path.suffix.lower() not in CONVERSATION_SUFFIXES:
+        raise UserError(f"the sft stage learns from conversations: give --data FILE.jsonl or FILE.parquet, or "
+                        f"tang-sft (got {cfg.data!r})")
     source = None
     if resume_ckpt is None:
         if not cfg.init_from:
@@ -151,11 +153,11 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
     else:
         base_tokenizer = load_tokenizer(run_dir / ckpt_io.TOKENIZER_DIR)
     shape = _model_shape(cfg, resume_ckpt, source)
-    data = fine_tuning_data(cfg.data, base_tokenizer, block_size=shape.block_size, val_fraction=cfg.val_fraction,
+    data = fine_tuning_data(data_path, base_tokenizer, block_size=shape.block_size, val_fraction=cfg.val_fraction,
                             seed=cfg.seed, train_on=cfg.train_on)
     targets = sum(sum(row.loss_mask[1:]) for row in data.val_rows)
     meta = {"train_tokens": sum(len(row.ids) for row in data.train_rows), "val_tokens": targets,
-            "val_bytes": data.val_bytes_per_target * targets, "sources": [file_record(cfg.data)],
+            "val_bytes": data.val_bytes_per_target * targets, "sources": [file_record(data_path)],
             "tokenizer": data.tokenizer.kind, "vocab_size": data.tokenizer.vocab_size}
     if resume_ckpt is not None:  # other data first: it is why a vocabulary would have grown
         _check_same_data(run_dir, resume_ckpt, meta)
@@ -164,7 +166,7 @@ def _set_up_fine_tuning(cfg: TrainConfig, d: Dist, device: torch.device, run_dir
             raise UserError(f"{resume_ckpt}: the model's vocabulary is smaller than the run's tokenizer")
         shape = shape.replace(vocab_size=rows_for(shape.vocab_size, data.tokenizer.vocab_size, cfg.pad_vocab_multiple))
     return RunSetup(cfg=cfg, d=d, device=device, run_dir=run_dir, resume_ckpt=resume_ckpt, lock=lock, source=source,
-                    data_dir=Path(cfg.data), meta=meta, tokenizer=data.tokenizer, train_tokens=None, val_tokens=None,
+                    data_dir=data_path, meta=meta, tokenizer=data.tokenizer, train_tokens=None, val_tokens=None,
                     model_config=shape, fine_tuning=data)
 
 
@@ -186,8 +188,13 @@ def _model_shape(cfg: TrainConfig, resume_ckpt: Path | None, source: Source | No
     settled in `_fit_vocabulary`)."""
     if resume_ckpt is not None:
         return ckpt_io.SavedConfig.read(resume_ckpt).model_config(resume_ckpt)
-    if source is not None:  # the source's weights go into a model of its own config (dropout may change)
-        return source.model.config.replace(**{k: v for k, v in cfg.model_overrides.items() if k == "dropout"})
+    if source is not None:  # the source's weights go into a model of its own config (dropout, context may change)
+        config = source.model.config
+        changed = {k: v for k, v in cfg.model_overrides.items() if k in SOURCE_MAY_CHANGE}
+        if changed.get("block_size", config.block_size) != config.block_size and config.pos_embedding == "learned":
+            raise UserError(f"{cfg.init_from}: its position table has {config.block_size} learned rows, so its context "
+                            f"cannot become {changed['block_size']}; drop --block_size (a RoPE model's can change)")
+        return config.replace(**changed)
     return GPTConfig.from_name(cfg.model, **cfg.model_overrides)
 
 

@@ -22,6 +22,9 @@ TRAIN_ON = ("assistant", "all")
 PRETRAIN_ONLY = ("tokenizer", "vocab_size", "tokenizer_file", "windows", "eval_iters", "full_eval_windows")
 """Fields the sft stage has no use for: its tokenizer is the source's, its batches are whole
 conversations, and it evaluates every held-out one."""
+SOURCE_MAY_CHANGE = ("dropout", "block_size")
+"""The model fields a run started --init_from a model may set: its dropout, and its context length
+where positions are computed rather than learned (a learned table has its rows)."""
 DTYPES = ("float32", "bfloat16", "float16", "auto")
 OPTIMIZERS = ("adamw", "muon")
 
@@ -339,6 +342,14 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
         model="smoke", tokenizer="char", data="conversations.jsonl", stage="sft", batch_size=8, max_steps=300,
         lr=3e-4, min_lr=3e-5, warmup_steps=20, eval_interval=100, eval_iters=1, log_interval=10,
         checkpoint_interval=100, sample_tokens=0,
+    ),
+    # The tang-poems run taught to answer requests for poems (--data tang-sft, scratchlm.data.tang_sft):
+    # `scratchlm sft --preset tang-chat --init_from TANG_RUN`. Its context grows to 128 (RoPE), so a
+    # request and a whole 七言律诗 fit in one row.
+    "tang-chat": dict(
+        model="smoke", model_overrides={"block_size": 128}, tokenizer="char", data="tang-sft", stage="sft",
+        batch_size=16, max_steps=20000, time_limit=180.0, lr=2e-3, min_lr=1e-4, warmup_steps=20, beta2=0.99,
+        dtype="auto", eval_interval=0, eval_iters=1, log_interval=50, checkpoint_interval=1000, sample_tokens=0,
     ),
     # GPT-2 small, nanoGPT-style: about 0.5M tokens per step with grad_accum 40 on one GPU.
     "gpt2-124m": dict(
