@@ -74,7 +74,7 @@ def answer(model, tokenizer, request: str, chat: bool, settings: dict, seed: int
     from scratchlm.text.chat import END_TOKEN, ChatTemplate
 
     if chat:
-        template = ChatTemplate(encode=tokenizer.encode, special=tokenizer.specials, bos_id=tokenizer.bos_id)
+        template = ChatTemplate.of(tokenizer)
         prompt, end = template.prompt([Message("user", request)]), tokenizer.specials[END_TOKEN]
     else:
         known = tokenizer.piece_ids()

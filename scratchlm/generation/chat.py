@@ -41,7 +41,7 @@ class ChatSession:
                             "fine-tune it first (`scratchlm sft --init_from RUN`), or continue text with "
                             "`scratchlm generate`")
         end = tokenizer.specials[END_TOKEN]
-        template = ChatTemplate(encode=tokenizer.encode, special=tokenizer.specials, bos_id=tokenizer.bos_id)
+        template = ChatTemplate.of(tokenizer)
         return cls(Engine(model, tokenizer, dtype=dtype, eos_id=end), template, settings, system)
 
     def reset(self) -> None:

@@ -54,6 +54,11 @@ class ChatTemplate:
     """Each of CHAT_TOKENS -> its id."""
     bos_id: int
 
+    @classmethod
+    def of(cls, tokenizer) -> "ChatTemplate":
+        """The template over a scratchlm tokenizer (any kind) that holds the chat tokens."""
+        return cls(encode=tokenizer.encode, special=tokenizer.specials, bos_id=tokenizer.bos_id)
+
     def __post_init__(self) -> None:
         missing = [t for t in CHAT_TOKENS if t not in self.special]
         if missing:

@@ -50,7 +50,7 @@ def fine_tuning_data(path: str | Path, tokenizer: Any, *, block_size: int, val_f
     chars = {c for conv in conversations for m in conv.messages for c in m.content} if tokenizer.kind == "char" else ()
     grown = tokenizer.with_tokens(CHAT_TOKENS, chars=chars)
     added = list(range(tokenizer.vocab_size, grown.vocab_size))
-    template = ChatTemplate(encode=grown.encode, special=grown.specials, bos_id=grown.bos_id)
+    template = ChatTemplate.of(grown)
     n_val = min(len(conversations) - 1, max(1, round(val_fraction * len(conversations))))
     held = set(np.random.default_rng(seed).permutation(len(conversations))[:n_val].tolist())
     rows = cut_rows([template.render(c.messages, train_on, c.learn_from) for c in conversations], block_size,
