@@ -48,16 +48,8 @@ class ChatSession:
         self.history.clear()
 
     def _prompt(self, turns: list[Message]) -> list[int]:
-        """The prompt of `turns`, its oldest exchanges dropped until it leaves room for a reply."""
-        block = self.engine.config.block_size
-        head = [Message("system", self.system)] if self.system else []
-        for start in range(0, len(turns), 2):  # turns alternate user, assistant: drop them in pairs
-            ids = self.template.prompt(head + turns[start:])
-            if len(ids) < block:
-                self.dropped = start // 2
-                return ids
-        raise UserError(f"the message is {len(self.template.prompt(head + turns[-1:]))} tokens with the template, and "
-                        f"the model's context holds {block}: send a shorter one")
+        ids, self.dropped = fitted_prompt(self.template, self.engine.config.block_size, turns, self.system)
+        return ids
 
     def reply(self, text: str) -> Iterator[str]:
         """Stream the reply to the user message `text` in printable pieces; once the stream ends (or is
@@ -75,3 +67,17 @@ class ChatSession:
                     yield step.text
         finally:
             self.history = [*turns, Message("assistant", "".join(said))]
+
+
+def fitted_prompt(template: ChatTemplate, block_size: int, turns: list[Message],
+                  system: str | None = None) -> tuple[list[int], int]:
+    """(the prompt of `turns` after the system message, if any; the exchanges dropped): the oldest
+    exchanges go first until the prompt leaves room for a reply; a last message that does not fit
+    alone is refused."""
+    head = [Message("system", system)] if system else []
+    for start in range(0, len(turns), 2):  # turns alternate user, assistant: drop them in pairs
+        ids = template.prompt(head + turns[start:])
+        if len(ids) < block_size:
+            return ids, start // 2
+    raise UserError(f"the message is {len(template.prompt(head + turns[-1:]))} tokens with the template, and "
+                    f"the model's context holds {block_size}: send a shorter one")

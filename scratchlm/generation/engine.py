@@ -198,9 +198,10 @@ class Engine:
             pass
         return GenerationResult.of_rows(rows, prompt_ids, cropped)
 
-    def stream_tokens(self, prompt: str, settings: GenerationSettings | None = None, *,
+    def stream_tokens(self, prompt: str | Sequence[int], settings: GenerationSettings | None = None, *,
                       forced: Sequence[int] = (), **fields) -> TokenSteps:
-        """`stream` one token at a time: a TokenStep per token chosen (an end-of-text token too,
+        """`stream` one token at a time (`prompt`: text, or ids such as a chat template's prompt):
+        a TokenStep per token chosen (an end-of-text token too,
         with text ""), then one with id None holding whatever text was held back to the end. The
         texts join to exactly `generate(...).text` with the same settings; each step's logits are
         the scores its token was chosen from (softmax them for the model's probabilities).

@@ -103,11 +103,15 @@ class IncrementalText:
         return out
 
 
-def encode_prompt(config, tokenizer, prompt: str) -> tuple[list[int], list[int], bool]:
+def encode_prompt(config, tokenizer, prompt: str | Sequence[int]) -> tuple[list[int], list[int], bool]:
     """(prompt ids as encoded, the ids a model of `config` starts from, whether they were cropped):
     an empty prompt starts from BOS, one longer than the context keeps its last block_size ids
-    (with a warning that names the caller's line)."""
-    ids = list(tokenizer.encode(prompt)) if prompt else []
+    (with a warning that names the caller's line). A prompt given as ids (a chat template's) is
+    taken as it is."""
+    if isinstance(prompt, str):
+        ids = list(tokenizer.encode(prompt)) if prompt else []
+    else:
+        ids = [int(i) for i in prompt]
     if not ids:
         bos = getattr(tokenizer, "bos_id", None)
         if bos is None:

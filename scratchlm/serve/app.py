@@ -1,7 +1,7 @@
 """The playground's web app: a page, its scripts, and a small JSON + event-stream API.
 
 Built on Starlette (the ASGI toolkit FastAPI itself is made of) and served by uvicorn. Starlette
-is enough here: nine routes, a static folder and a streaming response; FastAPI's request models
+is enough here: eleven routes, a static folder and a streaming response; FastAPI's request models
 and generated OpenAPI pages would add a dependency (pydantic) and nothing the page uses.
 
     GET  /                  the page (static/index.html)
@@ -12,6 +12,8 @@ and generated OpenAPI pages would add a dependency (pydantic) and nothing the pa
                             with a checkpoint)
     GET  /api/model?run=R   one run's config and the server's limits
     POST /api/generate      {"run", "prompt", sampling options..., "forced"} -> Server-Sent Events (see streams)
+    POST /api/chat          {"run", "messages", sampling options...} -> the reply's events (chat_api)
+    POST /api/chat/template {"run", "messages", "train_on"} -> the conversation as a training row (chat_api)
     POST /api/attention     {"run", "text"} or {"run", "ids"} -> every layer's and head's attention weights
     GET  /api/inside?run=R  the shape trace and parameter table (what `scratchlm inspect` shows)
     GET  /api/walkthrough   the hand-size model's forward pass, station by station
@@ -51,6 +53,7 @@ from scratchlm.errors import UserError
 from scratchlm.generation.options import SamplingOptions
 from scratchlm.generation.settings import BEAM_ONLY, generation_fields, inert_settings
 from scratchlm.records import setting_fields
+from scratchlm.serve.chat_api import chat_messages, for_chat, template_view
 from scratchlm.serve.guard import Guard, Listener, connection_cap, guarded_protocol, quiet_accept_errors
 from scratchlm.serve.library import Loaded, RunLibrary, UnknownRun
 from scratchlm.serve.streams import GenerateRequest, GenerationStream, ModelThread
@@ -282,6 +285,28 @@ class Playground:
         vocab = loaded.engine.vocab or loaded.model.config.vocab_size  # as the engine draws: padding ids have no text
         if any(not 0 <= i < vocab for i in req.forced):
             raise BadRequest(f"forced: token ids are 0..{vocab - 1} for this model")
+        return self._stream(loaded, req)
+
+    async def chat(self, request: Request) -> Response:
+        data = await _json_body(request, self.limits)
+        messages = chat_messages(data.pop("messages", None), self.limits)
+        req = generate_request(data, self.limits)
+        loaded = await self.load(data.get("run"))
+        await self.on_model_thread(for_chat, loaded, req, messages)
+        return self._stream(loaded, req)
+
+    async def chat_template(self, request: Request) -> Response:
+        data = await _json_body(request, self.limits)
+        unknown = sorted(str(name)[:40] for name in data if name not in ("run", "messages", "train_on"))
+        if unknown:
+            raise BadRequest(f"unknown field(s) {', '.join(unknown)}; the fields are run, messages, train_on")
+        messages = chat_messages(data.get("messages"), self.limits)
+        train_on = _field(data, "train_on", str, "assistant")
+        loaded = await self.load(data.get("run"))
+        return JSONResponse(await self.on_model_thread(template_view, loaded, messages, train_on))
+
+    def _stream(self, loaded: Loaded, req: GenerateRequest) -> Response:
+        """The generation `req` as an event stream, one of at most limits.streams at once."""
         if self.streams >= self.limits.streams:
             raise BadRequest(f"{self.limits.streams} generations are running; try again when one ends", 503)
         self.streams += 1
@@ -336,6 +361,8 @@ def create_app(library: RunLibrary, limits: Limits = Limits(), names: tuple[str,
         Route("/api/runs", _guarded(pg.runs)),
         Route("/api/model", _guarded(pg.model_info)),
         Route("/api/generate", _guarded(pg.generate), methods=["POST"]),
+        Route("/api/chat", _guarded(pg.chat), methods=["POST"]),
+        Route("/api/chat/template", _guarded(pg.chat_template), methods=["POST"]),
         Route("/api/attention", _guarded(pg.attention), methods=["POST"]),
         Route("/api/inside", _guarded(pg.inside)),
         Route("/api/walkthrough", _guarded(pg.walkthrough), methods=["GET", "POST"]),

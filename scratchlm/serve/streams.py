@@ -13,7 +13,8 @@ reader that goes away cancels its stream, which the model thread drops before it
 
 Events (each `event: NAME` and `data: JSON`):
   start  {"prompt_ids", "start_ids", "cropped", "seed"}   (beam search sends done alone, at its end)
-         start_ids: the ids the model starts from (the prompt's, its last block_size when cropped)
+         start_ids: the ids the model starts from (the prompt's, its last block_size when cropped);
+         a chat reply's start also has "dropped": its oldest exchanges left out to fit the context
   token  {"index", "id", "label", "text", "p", "q", "forced", "top": [{"id", "label", "p", "q"}, ...]}
          p and top are the model's own softmax of the step's raw scores (before temperature or
          any filter), so they say how sure the model was, whatever the sampling settings; top is
@@ -67,6 +68,9 @@ class GenerateRequest:
     length_penalty: float = 1.0
     sampling: dict[str, Any] = field(default_factory=dict)  # temperature, top_k, top_p, min_p, ...
     forced: list[int] = field(default_factory=list)  # ids the first steps take (see Engine.stream_tokens)
+    prompt_ids: list[int] | None = None  # a chat template's prompt (chat_api.for_chat), instead of `prompt`
+    end_id: int | None = None  # the token a reply ends at (<|end|>), instead of the tokenizer's end of text
+    dropped: int = 0  # exchanges of a conversation left out of prompt_ids to fit the context
 
     @property
     def settings(self):
@@ -190,7 +194,11 @@ class GenerationStream:
     def _begin(self) -> bool:
         from scratchlm.generation.beam import Stopped
 
+        from scratchlm.generation.engine import Engine
+
         r, engine = self.request, self.loaded.engine
+        if r.end_id is not None:  # a chat reply: the same model, ending at the template's end token
+            engine = Engine(engine.model, engine.tokenizer, dtype=engine.dtype, eos_id=r.end_id)
         self.began = time.perf_counter()
         if r.beams > 1:  # one call, which a reader that goes away (or the server stopping) cuts short
             try:
@@ -204,12 +212,14 @@ class GenerationStream:
                                    "logprob": result.logprobs[0]}))
             self._put(None)
             return False
-        self.steps = engine.stream_tokens(r.prompt, r.settings, forced=r.forced)
+        self.steps = engine.stream_tokens(r.prompt if r.prompt_ids is None else r.prompt_ids, r.settings,
+                                          forced=r.forced)
         self.ids = list(self.steps.start_ids)
         options = r.settings.sampling  # the very options the draw uses
         self.options = None if options == SamplingOptions() else options  # defaults: the raw scores' softmax
-        self._put(sse("start", {"prompt_ids": len(self.steps.prompt_ids), "start_ids": self.ids,
-                                "cropped": self.steps.cropped, "seed": r.seed}))
+        start = {"prompt_ids": len(self.steps.prompt_ids), "start_ids": self.ids, "cropped": self.steps.cropped,
+                 "seed": r.seed}
+        self._put(sse("start", start if r.end_id is None else {**start, "dropped": r.dropped}))
         return True
 
     def _drawn(self, logits: torch.Tensor) -> torch.Tensor | None:

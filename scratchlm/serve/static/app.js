@@ -3,7 +3,7 @@
 // Plain JavaScript, no framework and no build step. Read common.js first, then each tab's file.
 "use strict";
 
-const TABS = ["generate", "attention", "inside", "training"];
+const TABS = ["generate", "chat", "attention", "inside", "training"];
 
 // Show the tab named in the address (#generate, ...), hide the others, and tell the tabs.
 function route() {
@@ -116,6 +116,8 @@ function runChanged() {
   suggestPrompt();
   playground.inside = null;
   resetTraining();
+  stopChat();
+  resetChat();  // a conversation belongs to the model it was held with
   showTab(playground.tab, true);
 }
 
@@ -132,6 +134,7 @@ function wire() {
   });
   $("#att-go").addEventListener("click", loadAttention);
   wireAttention();
+  wireChat();
   for (const box of ["#prompt", "#att-text"]) $(box).addEventListener("input", (event) => fontHint(event.target.value));
   $("#run").addEventListener("change", runChanged);
   window.addEventListener("hashchange", route);
@@ -144,6 +147,7 @@ function wire() {
     if (closeAltsToToken()) return;  // Escape in the popup: back to its token; the stream goes on
     hideAlts();
     stopGeneration();
+    stopChat();
   });
   // an unexpected failure shows on the page, not only in the console
   window.addEventListener("error", (event) => showError("page-error", event.message));

@@ -1,4 +1,4 @@
-// Tab 2, Attention: POST /api/attention gives, for every layer and head, a T×T matrix of
+// Tab 3, Attention: POST /api/attention gives, for every layer and head, a T×T matrix of
 // weights (row i: how much token i looks at each earlier token). Each is drawn as a small
 // heatmap on a canvas (a button: Enter or a click opens it big, in a dialog). Choosing a token
 // (a chip here, or a token of the Generate tab: openAttentionRow) shows its row in every head.

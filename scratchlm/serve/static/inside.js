@@ -1,4 +1,4 @@
-// Tab 3, Inside: what the selected model is made of (GET /api/inside), and a walkthrough: every
+// Tab 4, Inside: what the selected model is made of (GET /api/inside), and a walkthrough: every
 // intermediate matrix of one forward pass, of the hand-sized model (GET /api/walkthrough) or of
 // the selected run's own model on a text (POST /api/walkthrough {run, text}).
 "use strict";

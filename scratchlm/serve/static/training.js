@@ -1,4 +1,4 @@
-// Tab 4, Training: while the tab is shown, ask GET /api/training every second for the run's new
+// Tab 5, Training: while the tab is shown, ask GET /api/training every second for the run's new
 // metrics records (scratchlm.training.progress writes them). From them: the step out of the run's
 // total, the time left at the run's own pace, whether it trains or evaluates, the loss curves
 // (SVG drawn at the chart's real width, so its text keeps its size on a phone; a point's values

@@ -1,0 +1,87 @@
+"""The Chat tab's side of the API: a conversation from the page, rendered by the run's chat
+template (scratchlm.text.chat), to reply to or to show.
+
+    POST /api/chat            {"run", "messages": [{"role", "content"}, ...], generation settings}
+                              -> the Generate tab's events (streams.py) for the assistant's reply:
+                              the prompt is the template's (the conversation, then <|assistant|>),
+                              the reply ends at <|end|>; start's "dropped" counts the oldest
+                              exchanges left out so that the prompt leaves room for a reply
+    POST /api/chat/template   {"run", "messages", "train_on"} -> the conversation as one training
+                              row: each token's id, label, whether it is a special token of the
+                              template, and whether the fine-tuning loss learns it
+
+Messages are checked as a conversations file's rows are: known roles, text content, a system
+message only first; at most MAX_MESSAGES of them, each at most the prompt's character limit.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scratchlm.data.conversations import Message
+from scratchlm.errors import UserError
+from scratchlm.generation.chat import fitted_prompt
+from scratchlm.text.chat import END_TOKEN, ROLE_TOKENS, ChatTemplate, has_chat_tokens
+
+MAX_MESSAGES = 64
+
+
+def chat_messages(value: Any, limits) -> list[Message]:
+    """The request's "messages", checked (see the module)."""
+    if not isinstance(value, list) or not value:
+        raise UserError('messages: expected a list of {"role", "content"} objects, one or more')
+    if len(value) > MAX_MESSAGES:
+        raise UserError(f"messages: at most {MAX_MESSAGES} (start a new conversation), got {len(value)}")
+    messages = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict) or set(item) != {"role", "content"}:
+            raise UserError(f'messages[{i}]: expected an object with "role" and "content" alone')
+        role, content = item["role"], item["content"]
+        if role not in ROLE_TOKENS:
+            raise UserError(f"messages[{i}]: the role is {str(role)[:40]!r}; the roles are {', '.join(ROLE_TOKENS)}")
+        if role == "system" and i > 0:
+            raise UserError(f"messages[{i}]: a system message comes first, or not at all")
+        if not isinstance(content, str) or len(content) > limits.prompt_chars:
+            raise UserError(f"messages[{i}]: content must be text of at most {limits.prompt_chars:,} characters")
+        messages.append(Message(role, content))
+    return messages
+
+
+def template_of(loaded) -> ChatTemplate:
+    if not has_chat_tokens(loaded.tokenizer):
+        raise UserError(f"{loaded.name} was not fine-tuned on conversations (its tokenizer has no chat tokens); "
+                        "fine-tune it with `scratchlm sft`, or continue text on the Generate tab")
+    return ChatTemplate.of(loaded.tokenizer)
+
+
+def for_chat(loaded, request, messages: list[Message]) -> None:
+    """Make a GenerateRequest (streams.py) the reply to `messages`: its prompt ids, its end token,
+    its exchanges dropped, and at most the tokens the context has room for. On the model thread
+    (the tokenizer's encode)."""
+    if request.beams > 1 or request.forced:
+        raise UserError("a chat reply is sampled or greedy: beams must be 1, and nothing forced")
+    if messages[-1].role != "user":
+        raise UserError("the last message must be the user's: the reply answers it")
+    template = template_of(loaded)
+    system = messages[0].content if messages[0].role == "system" else None
+    block = loaded.model.config.block_size
+    request.prompt_ids, request.dropped = fitted_prompt(template, block, messages[1 if system is not None else 0:],
+                                                        system)
+    request.end_id = loaded.tokenizer.specials[END_TOKEN]
+    request.max_new_tokens = min(request.max_new_tokens, block - len(request.prompt_ids))
+
+
+def template_view(loaded, messages: list[Message], train_on: str) -> dict[str, Any]:
+    """The conversation as `scratchlm sft` trains on it (see the module). On the model thread."""
+    row = template_of(loaded).render(messages, train_on)
+    special = {i: piece for piece, i in loaded.tokenizer.specials.items()}
+    tokens = [{"id": i, "label": special.get(i) or _label(loaded, i), "special": i in special, "loss": learned}
+              for i, learned in zip(row.ids, row.loss_mask)]
+    return {"run": loaded.name, "tokens": tokens, "learned": sum(row.loss_mask), "train_on": train_on,
+            "block_size": loaded.model.config.block_size}
+
+
+def _label(loaded, token: int) -> str:
+    import json
+
+    return json.loads(loaded.labels[token])  # Labels holds JSON literals (the token events' text)

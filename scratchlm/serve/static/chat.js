@@ -1,0 +1,175 @@
+// Tab 2, Chat: a conversation with a fine-tuned run. Each message is sent with the whole
+// conversation so far to POST /api/chat, which renders it with the run's chat template and
+// streams the reply as the Generate tab's events; the reply's tokens are shaded by probability
+// as there (hover or focus one for its number). "Show the template" asks POST /api/chat/template
+// for the conversation as one training row: the special tokens, and which tokens the
+// fine-tuning loss learns.
+"use strict";
+
+const chat = { messages: [], running: false, reader: null, reply: null, stopped: false };
+playground.chat = chat;  // tests read it
+
+function chatStatus(state, text) {
+  const status = $("#chat-status");
+  status.dataset.state = state;
+  status.textContent = text;
+}
+
+function setChatRunning(running) {
+  chat.running = running;
+  $("#chat-send").disabled = running;
+  $("#chat-stop").disabled = !running;
+  $("#chat-reset").disabled = running;
+}
+
+// One message in #chat-log; an assistant's text arrives token by token (addChatToken).
+function chatBubble(role, text) {
+  const body = el("div", { class: "msg-text" }, text);
+  const bubble = el("div", { class: "msg " + role, "data-role": role }, el("span", { class: "msg-role" }, role), body);
+  $("#chat-log").append(bubble);
+  return body;
+}
+
+function addChatToken(token) {
+  const span = el("span", { class: "tok", "data-id": token.id, "data-p": String(token.p), tabindex: "0",
+    title: `p = ${fmtPct(token.p)}` }, token.text);
+  if (token.text.includes("\n")) span.classList.add("newline");
+  span.style.backgroundColor = pColour(token.p);
+  chat.reply.tokens.push(token);
+  chat.reply.text += token.text;
+  chat.reply.node.append(span);
+}
+
+// The generation settings of the Generate tab, one reply at a time (no beams, no chosen tokens).
+function chatRequest() {
+  const settings = generateRequest();
+  delete settings.prompt;
+  settings.beams = 1;
+  return { ...settings, messages: chat.messages.map((m) => ({ role: m.role, content: m.content })) };
+}
+
+async function sendChat() {
+  const text = $("#chat-input").value;
+  if (chat.running || !text.trim() || !playground.run) return;
+  showError("chat-error", "");
+  let body;
+  try {
+    chat.messages.push({ role: "user", content: text });
+    body = chatRequest();
+  } catch (err) {
+    chat.messages.pop();
+    return showError("chat-error", err.message);
+  }
+  $("#chat-input").value = "";
+  chatBubble("user", text);
+  chat.reply = { node: chatBubble("assistant", ""), tokens: [], text: "" };
+  chat.stopped = false;
+  setChatRunning(true);
+  chatStatus("running", "replying…");
+  try {
+    const response = await fetch("/api/chat", postJSON(body));
+    if (!response.ok) {
+      const data = await response.json().catch(() => ({}));
+      throw new Error(data.error || `${response.status} ${response.statusText}`);
+    }
+    chat.reader = response.body.getReader();
+    await readEvents(chat.reader, onChatEvent);
+  } catch (err) {
+    if (!chat.stopped) {
+      chat.messages.pop();  // no reply: the message is not part of the conversation
+      chat.reply.node.parentElement.remove();
+      $("#chat-log").lastElementChild.remove();
+      showError("chat-error", err.message);
+      chatStatus("error", "");
+    }
+  } finally {
+    if (chat.stopped) endReply("stopped");
+    chat.reader = null;
+    setChatRunning(false);
+    if (!$("#chat-template").hidden) showTemplate();
+  }
+}
+
+function onChatEvent(name, data) {
+  if (name === "start") {
+    const dropped = data.dropped ? `; the ${data.dropped} oldest exchange(s) left out to fit the context` : "";
+    chatStatus("running", `prompt: ${data.prompt_ids} tokens with the template${dropped}; replying…`);
+  } else if (name === "token") {
+    addChatToken(data);
+  } else if (name === "done") {
+    endReply(data.reason === "eos" ? "ended at <|end|>" : data.reason === "length" ? "stopped at the token limit"
+      : data.reason);
+    return true;
+  } else if (name === "error") {
+    throw new Error(data.message);
+  }
+  return false;
+}
+
+// The reply so far joins the conversation (a stopped one too, as `scratchlm chat` keeps it).
+function endReply(why) {
+  if (!chat.reply || chat.reply.done) return;
+  chat.reply.done = true;
+  chat.messages.push({ role: "assistant", content: chat.reply.text });
+  chatStatus("done", `${chat.reply.tokens.length} tokens, ${why}`);
+}
+
+function stopChat() {
+  if (!chat.running) return;
+  chat.stopped = true;
+  if (chat.reader) chat.reader.cancel().catch(() => {});
+}
+
+function resetChat() {
+  chat.messages = [];
+  chat.reply = null;
+  $("#chat-log").replaceChildren();
+  $("#chat-template").replaceChildren();
+  showError("chat-error", "");
+  chatStatus("idle", "a new conversation");
+}
+
+// The conversation as `scratchlm sft` would train on it: every token, special ones marked, and
+// those the loss learns underlined (the assistant's replies and their <|end|>, or with
+// "every turn" the user's words too).
+async function showTemplate() {
+  const box = $("#chat-template");
+  if (!chat.messages.length) {
+    box.replaceChildren(el("p", { class: "note" }, "Send a message first: the template of the conversation shows here."));
+    return;
+  }
+  try {
+    const view = await fetchJSON("/api/chat/template", postJSON({ run: playground.run, messages: chat.messages,
+      train_on: $("#chat-train-on").value }));
+    const row = el("div", { class: "template-row" });
+    for (const t of view.tokens) {
+      const chip = el("span", { class: "chip" + (t.special ? " special" : "") + (t.loss ? " loss" : ""),
+        "data-id": t.id, title: `id ${t.id}${t.loss ? ", learned" : ""}` }, t.label);
+      row.append(chip);
+    }
+    box.replaceChildren(row, el("p", { class: "note" }, `${fmtInt(view.tokens.length)} tokens, ` +
+      `${fmtInt(view.learned)} of them learned (underlined); the context holds ${fmtInt(view.block_size)}.`));
+  } catch (err) {
+    box.replaceChildren();
+    showError("chat-error", err.message);
+  }
+}
+
+function wireChat() {
+  $("#chat-send").addEventListener("click", sendChat);
+  $("#chat-stop").addEventListener("click", stopChat);
+  $("#chat-reset").addEventListener("click", resetChat);
+  $("#chat-input").addEventListener("keydown", (event) => {
+    if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {  // Shift+Enter: a new line
+      event.preventDefault();
+      sendChat();
+    }
+  });
+  $("#chat-input").addEventListener("input", (event) => fontHint(event.target.value));
+  const toggle = () => {
+    $("#chat-template").hidden = !$("#chat-show-template").checked;
+    if (!$("#chat-template").hidden) showTemplate();
+  };
+  $("#chat-show-template").addEventListener("change", toggle);
+  $("#chat-train-on").addEventListener("change", toggle);
+}
