@@ -268,6 +268,27 @@ def test_a_weight_in_row_blocks_gives_the_whole_matrixs_loss_and_gradients(bias,
     torch.testing.assert_close(got_new, want_w[split:], atol=1e-6, rtol=1e-5)
 
 
+def test_row_blocks_under_bf16_autocast_are_close_to_float32_on_rounded_inputs():
+    """A LoRA fine-tune's head (frozen rows and bias, new rows) under bfloat16 autocast, as `--dtype
+    auto` trains it on a CPU with bfloat16 units: the loss and the gradients of h and the new rows
+    are those of the stacked matrix from bf16-rounded operands in float32, to the whole matrix's
+    tolerances (the inputs of test_bf16_autocast_is_close_to_float32_on_rounded_inputs)."""
+    h, w, b, y = _inputs(N=40, C=16, V=70)
+    old, new, b = w.detach()[:64], w.detach()[64:].clone().requires_grad_(), b.detach()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = linear_cross_entropy(h, (old, new), b, y, chunk_rows=16)
+    assert fused.dtype == torch.float32
+    r = lambda t: t.detach().bfloat16().float().requires_grad_()  # noqa: E731
+    hr, wr, br = r(h), r(w), r(b)
+    ref = F.cross_entropy(F.linear(hr, wr, br), y)
+    torch.testing.assert_close(fused, ref, atol=1.5e-3, rtol=0)
+    (got_h, got_new), (want_h, want_w) = _grads(fused, (h, new)), _grads(ref, (hr, wr))
+    for got, want in ((got_h, want_h), (got_new, want_w[64:])):
+        assert got.dtype == torch.float32
+        err = float((got - want).abs().max() / want.abs().max())
+        assert err < BF16_GRAD_TOLERANCE, err
+
+
 def test_a_frozen_block_has_no_gradient_matrix_made_or_kept():
     """What backward keeps for a head of 50 frozen rows and 3 trained ones: the (N, C) gradient
     of h and the trained block's (C, 3), never a (C, 50) or (C, 53) one."""
