@@ -108,7 +108,7 @@ def encode_prompt(config, tokenizer, prompt: str | Sequence[int]) -> tuple[list[
     an empty prompt starts from BOS, one longer than the context keeps its last block_size ids
     (with a warning that names the caller's line). A prompt given as ids (a chat template's) is
     taken as it is."""
-    if isinstance(prompt, str):
+    if prompt is None or isinstance(prompt, str):
         ids = list(tokenizer.encode(prompt)) if prompt else []
     else:
         ids = [int(i) for i in prompt]
