@@ -96,10 +96,10 @@ def _text(value: Any, where: str, role: str) -> Message:
     if not isinstance(value, str):
         raise UserError(f"{where}: the {'prompt' if role == 'user' else 'completion'} must be text or a list "
                         f"of messages, got {_json_kind(value)}")
-    return Message(role, _unicode(value, where))
+    return Message(role, unicode_text(value, where))
 
 
-def _unicode(text: str, where: str) -> str:
+def unicode_text(text: str, where: str) -> str:
     """`text` itself, unless it holds a lone surrogate escape (half of a \\uXXXX pair: JSON allows
     it, Unicode text cannot hold it)."""
     try:
@@ -120,7 +120,7 @@ def _messages(value: Any, where: str, field: str) -> tuple[Message, ...]:
         if m["role"] not in ROLES:
             raise UserError(f"{where}: {field} message {i} has the role {m['role'][:40]!r}; "
                             f"the roles are {', '.join(ROLES)}")
-        out.append(Message(m["role"], _unicode(_content(m.get("content"), f"{where}: {field} message {i}"), where)))
+        out.append(Message(m["role"], unicode_text(_content(m.get("content"), f"{where}: {field} message {i}"), where)))
     return tuple(out)
 
 

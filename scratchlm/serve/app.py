@@ -290,6 +290,8 @@ class Playground:
     async def chat(self, request: Request) -> Response:
         data = await _json_body(request, self.limits)
         messages = chat_messages(data.pop("messages", None), self.limits)
+        if "prompt" in data:  # a field generate takes and a chat would ignore: refused, not ignored
+            raise BadRequest("prompt: a chat sends messages, not a prompt")
         req = generate_request(data, self.limits)
         loaded = await self.load(data.get("run"))
         await self.on_model_thread(for_chat, loaded, req, messages)

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from scratchlm.data.conversations import Message
+from scratchlm.data.conversations import Message, unicode_text
 from scratchlm.errors import UserError
 from scratchlm.generation.chat import fitted_prompt
+from scratchlm.serve.labels import id_label
 from scratchlm.text.chat import END_TOKEN, ROLE_TOKENS, ChatTemplate, has_chat_tokens
 
 MAX_MESSAGES = 64
@@ -37,13 +38,13 @@ def chat_messages(value: Any, limits) -> list[Message]:
         if not isinstance(item, dict) or set(item) != {"role", "content"}:
             raise UserError(f'messages[{i}]: expected an object with "role" and "content" alone')
         role, content = item["role"], item["content"]
-        if role not in ROLE_TOKENS:
+        if not isinstance(role, str) or role not in ROLE_TOKENS:
             raise UserError(f"messages[{i}]: the role is {str(role)[:40]!r}; the roles are {', '.join(ROLE_TOKENS)}")
         if role == "system" and i > 0:
             raise UserError(f"messages[{i}]: a system message comes first, or not at all")
         if not isinstance(content, str) or len(content) > limits.prompt_chars:
             raise UserError(f"messages[{i}]: content must be text of at most {limits.prompt_chars:,} characters")
-        messages.append(Message(role, content))
+        messages.append(Message(role, unicode_text(content, f"messages[{i}]")))
     return messages
 
 
@@ -75,13 +76,8 @@ def template_view(loaded, messages: list[Message], train_on: str) -> dict[str, A
     """The conversation as `scratchlm sft` trains on it (see the module). On the model thread."""
     row = template_of(loaded).render(messages, train_on)
     special = {i: piece for piece, i in loaded.tokenizer.specials.items()}
-    tokens = [{"id": i, "label": special.get(i) or _label(loaded, i), "special": i in special, "loss": learned}
-              for i, learned in zip(row.ids, row.loss_mask)]
+    tokens = [{"id": i, "label": special.get(i) or id_label(loaded.tokenizer, i), "special": i in special,
+               "loss": learned} for i, learned in zip(row.ids, row.loss_mask)]
     return {"run": loaded.name, "tokens": tokens, "learned": sum(row.loss_mask), "train_on": train_on,
             "block_size": loaded.model.config.block_size}
 
-
-def _label(loaded, token: int) -> str:
-    import json
-
-    return json.loads(loaded.labels[token])  # Labels holds JSON literals (the token events' text)
