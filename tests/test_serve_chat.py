@@ -5,6 +5,8 @@ does; bad conversations get one error line."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -140,7 +142,7 @@ def test_the_template_view_refuses_unknown_fields_and_train_on_values(poet):
     assert status == 400 and "unknown field(s) x" in answer["error"]
     status, answer = request(poet[0].port, "POST", "/api/chat/template",
                              {"run": "poet", "messages": messages, "train_on": "users"})
-    assert status == 400 and "--train_on must be assistant or all" in answer["error"]
+    assert status == 400 and answer["error"].startswith("train_on: expected assistant or all")
 
 
 @NEEDS_BROWSER
@@ -189,5 +191,97 @@ def test_the_chat_tab_shows_the_greedy_reply_and_the_templates_learned_tokens(po
     assert page.evaluate("document.documentElement.scrollWidth <= window.innerWidth")
     page.click("#chat-reset")
     assert page.evaluate("window.playground.chat.messages") == []
+    context.close()
+    assert errors == []
+
+
+def _sse(*events) -> str:
+    return "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
+
+
+def _token(index: int, text: str) -> dict:
+    return {"index": index, "id": 100 + index, "label": text, "text": text, "p": 0.5}
+
+
+def _answer(body: str):
+    """A route handler that answers with this event stream."""
+    return lambda route: route.fulfill(content_type="text/event-stream", body=body)
+
+
+def _wait_until(page, test, what: str) -> None:
+    """Let the page's event loop (and Playwright's route handlers) run until test() holds."""
+    for _ in range(WAIT_MS // 50):
+        if test():
+            return
+        page.wait_for_timeout(50)
+    raise AssertionError(f"waited {WAIT_MS} ms for {what}")
+
+
+@NEEDS_BROWSER
+def test_the_chat_tab_withdraws_an_exchange_that_got_no_whole_reply_and_keeps_the_newest_template(poet, browser):
+    """Answers the page cannot trust, played by Playwright in place of the server: Stop before any
+    answer withdraws the message (back into the box, no error); a stream that ends without its
+    done event, or with an error event, shows the error and withdraws the exchange; of two
+    template answers the older one, arriving last, does not replace the newer."""
+    served = poet[0]
+    context = browser.new_context(**SCREENS["desktop"])
+    page = context.new_page()
+    errors = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.goto(f"http://127.0.0.1:{served.port}/#generate")
+    page.wait_for_function("window.playground && window.playground.ready === true", timeout=WAIT_MS)
+    page.select_option("#run", "poet")
+    page.goto(f"http://127.0.0.1:{served.port}/#chat")
+    page.wait_for_selector("#tab-chat:not([hidden])", timeout=WAIT_MS)
+    start = ("start", {"prompt_ids": 4, "seed": None})
+
+    def withdrawn(text: str) -> None:
+        assert page.evaluate("window.playground.chat.messages") == []
+        assert page.locator("#chat-log .msg").count() == 0
+        assert page.input_value("#chat-input") == text
+        assert page.is_enabled("#chat-send")
+
+    held = []
+    page.route("**/api/chat", lambda route: held.append(route))
+    page.fill("#chat-input", "续写：")
+    page.click("#chat-send")
+    _wait_until(page, lambda: held, "the chat request")
+    page.click("#chat-stop")
+    page.wait_for_selector("#chat-status[data-state=stopped]", timeout=WAIT_MS)
+    withdrawn("续写：")
+    assert page.text_content("#chat-error").strip() == ""
+    page.unroute("**/api/chat")
+
+    for ending, words in ((), "ended before the reply was over"), ((("error", {"message": "the model broke"}),),
+                                                                    "the model broke"):
+        body = _sse(start, ("token", _token(0, "月")), *ending)
+        page.route("**/api/chat", _answer(body))
+        page.click("#chat-send")
+        page.wait_for_selector("#chat-status[data-state=error]", timeout=WAIT_MS)
+        assert words in page.text_content("#chat-error")
+        withdrawn("续写：")
+        page.unroute("**/api/chat")
+
+    body = _sse(start, ("token", _token(0, "月")), ("done", {"reason": "eos", "tokens": 1}))
+    page.route("**/api/chat", _answer(body))
+    page.click("#chat-send")
+    page.wait_for_selector("#chat-status[data-state=done]", timeout=WAIT_MS)
+    assert page.evaluate("window.playground.chat.messages")[1] == {"role": "assistant", "content": "月"}
+    asked = []
+    page.route("**/api/chat/template", lambda route: asked.append(route))
+    page.set_checked("#chat-show-template", True)
+    _wait_until(page, lambda: len(asked) == 1, "the first template request")
+    page.select_option("#chat-train-on", "all")
+    _wait_until(page, lambda: len(asked) == 2, "the second template request")
+
+    def view(label: str) -> str:
+        return json.dumps({"tokens": [{"id": 1, "label": label, "special": False, "loss": True}], "learned": 1,
+                           "block_size": 48})
+
+    asked[1].fulfill(content_type="application/json", body=view("newer"))
+    page.wait_for_selector("#chat-template .chip", timeout=WAIT_MS)
+    asked[0].fulfill(content_type="application/json", body=view("older"))
+    page.wait_for_function("window.playground.chat.templateAnswers === 2", timeout=WAIT_MS)
+    assert page.eval_on_selector_all("#chat-template .chip", "cs => cs.map(c => c.textContent)") == ["newer"]
     context.close()
     assert errors == []

@@ -74,6 +74,8 @@ def for_chat(loaded, request, messages: list[Message]) -> None:
 
 def template_view(loaded, messages: list[Message], train_on: str) -> dict[str, Any]:
     """The conversation as `scratchlm sft` trains on it (see the module). On the model thread."""
+    if train_on not in ("assistant", "all"):  # the request's words, not the command line's --train_on
+        raise UserError(f"train_on: expected assistant or all, got {str(train_on)[:40]!r}")
     row = template_of(loaded).render(messages, train_on)
     special = {i: piece for piece, i in loaded.tokenizer.specials.items()}
     tokens = [{"id": i, "label": special.get(i) or id_label(loaded.tokenizer, i), "special": i in special,

@@ -6,7 +6,8 @@
 // fine-tuning loss learns.
 "use strict";
 
-const chat = { messages: [], running: false, reader: null, reply: null, stopped: false };
+const chat = { messages: [], running: false, reader: null, abort: null, reply: null, stopped: false,
+  templateAsked: 0, templateAnswers: 0 };
 playground.chat = chat;  // tests read it
 
 function chatStatus(state, text) {
@@ -31,10 +32,7 @@ function chatBubble(role, text) {
 }
 
 function addChatToken(token) {
-  const span = el("span", { class: "tok", "data-id": token.id, "data-p": String(token.p), tabindex: "0",
-    title: `p = ${fmtPct(token.p)}` }, token.text);
-  if (token.text.includes("\n")) span.classList.add("newline");
-  span.style.backgroundColor = pColour(token.p);
+  const span = tokenSpan(token, { tabindex: "0", title: `p = ${fmtPct(token.p)}` });
   chat.reply.tokens.push(token);
   chat.reply.text += token.text;
   chat.reply.node.append(span);
@@ -62,31 +60,45 @@ async function sendChat() {
   }
   $("#chat-input").value = "";
   chatBubble("user", text);
-  chat.reply = { node: chatBubble("assistant", ""), tokens: [], text: "" };
+  chat.reply = { node: chatBubble("assistant", ""), tokens: [], text: "", done: false };
   chat.stopped = false;
+  chat.abort = new AbortController();
   setChatRunning(true);
   chatStatus("running", "replying…");
   try {
-    const response = await fetch("/api/chat", postJSON(body));
+    const response = await fetch("/api/chat", { ...postJSON(body), signal: chat.abort.signal });
     if (!response.ok) {
       const data = await response.json().catch(() => ({}));
       throw new Error(data.error || `${response.status} ${response.statusText}`);
     }
     chat.reader = response.body.getReader();
+    if (chat.stopped) chat.reader.cancel().catch(() => {});  // Stop came with the answer
     await readEvents(chat.reader, onChatEvent);
+    if (!chat.reply.done && !chat.stopped) throw new Error("the connection ended before the reply was over");
+    if (!chat.reply.done) endReply("stopped");
   } catch (err) {
-    if (!chat.stopped) {
-      chat.messages.pop();  // no reply: the message is not part of the conversation
-      chat.reply.node.parentElement.remove();
-      $("#chat-log").lastElementChild.remove();
-      showError("chat-error", err.message);
-      chatStatus("error", "");
-    }
+    if (chat.stopped && err.name === "AbortError") endReply("stopped");
+    else withdraw(text, err instanceof TypeError ? `the server did not answer: is scratchlm serve still running? (${err.message})`
+      : err.message);
   } finally {
-    if (chat.stopped) endReply("stopped");
     chat.reader = null;
+    chat.abort = null;
     setChatRunning(false);
     if (!$("#chat-template").hidden) showTemplate();
+  }
+}
+
+// An exchange with no whole reply is not part of the conversation: its bubbles go, and the
+// message returns to the box to be sent again.
+function withdraw(text, error) {
+  chat.messages.pop();
+  chat.reply.node.parentElement.remove();
+  $("#chat-log").lastElementChild.remove();
+  chat.reply = null;
+  $("#chat-input").value = text;
+  if (error) {
+    showError("chat-error", error);
+    chatStatus("error", "");
   }
 }
 
@@ -97,8 +109,8 @@ function onChatEvent(name, data) {
   } else if (name === "token") {
     addChatToken(data);
   } else if (name === "done") {
-    endReply(data.reason === "eos" ? "ended at <|end|>" : data.reason === "length" ? "stopped at the token limit"
-      : data.reason);
+    endReply({ eos: "ended at <|end|>", length: "stopped at the token limit",
+      stopped: "ended early: the server is shutting down" }[data.reason] || data.reason);
     return true;
   } else if (name === "error") {
     throw new Error(data.message);
@@ -106,9 +118,14 @@ function onChatEvent(name, data) {
   return false;
 }
 
-// The reply so far joins the conversation (a stopped one too, as `scratchlm chat` keeps it).
+// The reply so far joins the conversation (a stopped one too, as `scratchlm chat` keeps it);
+// stopped before its first token, the exchange is withdrawn.
 function endReply(why) {
   if (!chat.reply || chat.reply.done) return;
+  if (why === "stopped" && !chat.reply.tokens.length) {
+    withdraw(chat.messages[chat.messages.length - 1].content, "");
+    return chatStatus("stopped", "stopped before the reply began");
+  }
   chat.reply.done = true;
   chat.messages.push({ role: "assistant", content: chat.reply.text });
   chatStatus("done", `${chat.reply.tokens.length} tokens, ${why}`);
@@ -118,10 +135,12 @@ function stopChat() {
   if (!chat.running) return;
   chat.stopped = true;
   if (chat.reader) chat.reader.cancel().catch(() => {});
+  else if (chat.abort) chat.abort.abort();  // no answer yet
 }
 
 function resetChat() {
   chat.messages = [];
+  chat.templateAsked += 1;  // an answer still on its way is for the old conversation
   chat.reply = null;
   $("#chat-log").replaceChildren();
   $("#chat-template").replaceChildren();
@@ -134,25 +153,31 @@ function resetChat() {
 // "every turn" the user's words too).
 async function showTemplate() {
   const box = $("#chat-template");
+  const asked = ++chat.templateAsked;  // answers may come back out of order: only the newest shows
   if (!chat.messages.length) {
     box.replaceChildren(el("p", { class: "note" }, "Send a message first: the template of the conversation shows here."));
     return;
   }
+  let view;
   try {
-    const view = await fetchJSON("/api/chat/template", postJSON({ run: playground.run, messages: chat.messages,
+    view = await fetchJSON("/api/chat/template", postJSON({ run: playground.run, messages: chat.messages,
       train_on: $("#chat-train-on").value }));
-    const row = el("div", { class: "template-row" });
-    for (const t of view.tokens) {
-      const chip = el("span", { class: "chip" + (t.special ? " special" : "") + (t.loss ? " loss" : ""),
-        "data-id": t.id, title: `id ${t.id}${t.loss ? ", learned" : ""}` }, t.label);
-      row.append(chip);
-    }
-    box.replaceChildren(row, el("p", { class: "note" }, `${fmtInt(view.tokens.length)} tokens, ` +
-      `${fmtInt(view.learned)} of them learned (underlined); the context holds ${fmtInt(view.block_size)}.`));
   } catch (err) {
-    box.replaceChildren();
-    showError("chat-error", err.message);
+    view = { error: err.message };
   }
+  chat.templateAnswers += 1;
+  if (asked !== chat.templateAsked) return;
+  if (view.error) {
+    box.replaceChildren();
+    return showError("chat-error", view.error);
+  }
+  const row = el("div", { class: "template-row" });
+  for (const t of view.tokens) {
+    row.append(el("span", { class: "chip" + (t.special ? " special" : "") + (t.loss ? " loss" : ""),
+      "data-id": t.id, title: `id ${t.id}${t.loss ? ", learned" : ""}` }, t.label));
+  }
+  box.replaceChildren(row, el("p", { class: "note" }, `${fmtInt(view.tokens.length)} tokens, ` +
+    `${fmtInt(view.learned)} of them learned (underlined); the context holds ${fmtInt(view.block_size)}.`));
 }
 
 function wireChat() {

@@ -183,22 +183,23 @@ function pColour(p) {
   return `rgba(245, 140, 40, ${alpha.toFixed(3)})`;
 }
 
-// Append one generated token to #output as a <span class="tok">.
-function addToken(token) {
-  playground.tokens.push(token);
-  const span = el("span", {
-    class: "tok",
-    "data-index": token.index,
-    "data-id": token.id,
-    "data-p": String(token.p),
-    tabindex: token.index === 0 ? "0" : "-1",  // one Tab stop for the whole text; arrows move within it
-  }, token.text);
+// One token event as a <span class="tok">, shaded by its probability (the Chat tab's too).
+function tokenSpan(token, attrs) {
+  const span = el("span", { class: "tok", "data-id": token.id, "data-p": String(token.p), ...attrs }, token.text);
   // a newline alone, or no text yet (part of a character), would be invisible: CSS marks them
   if (token.text.includes("\n")) span.classList.add("newline");
   if (token.text === "") span.classList.add("partial");
+  span.style.backgroundColor = pColour(token.p);
+  return span;
+}
+
+// Append one generated token to #output as a <span class="tok">.
+function addToken(token) {
+  playground.tokens.push(token);
+  const span = tokenSpan(token, { "data-index": token.index,
+    tabindex: token.index === 0 ? "0" : "-1" });  // one Tab stop for the whole text; arrows move within it
   const forced = (gen.body && gen.body.forced) || [];
   if (token.forced) span.classList.add(token.index === forced.length - 1 ? "taken" : "kept");
-  span.style.backgroundColor = pColour(token.p);
   gen.pending.append(span);
   if (gen.flushTimer === null) gen.flushTimer = setTimeout(flushTokens, FLUSH_MS);
 }
