@@ -105,6 +105,10 @@ def test_the_template_view_marks_the_reply_and_its_end_as_learned(poet):
     status, view = request(served.port, "POST", "/api/chat/template", {"run": "poet", "messages": messages})
     assert status == 200, view
     assert [t["id"] for t in view["tokens"]] == _by_hand(tok, turns)[:-1]  # a training row has no open turn
+    parts = [{"role": r, "content": [{"type": "text", "text": c[:1]}, {"type": "text", "text": c[1:]}]}
+             for r, c in turns]  # text parts, as a conversations file may hold them, are one text
+    assert [t["id"] for t in request(served.port, "POST", "/api/chat/template",
+                                     {"run": "poet", "messages": parts})[1]["tokens"]] == _by_hand(tok, turns)[:-1]
     assert [t["label"] for t in view["tokens"]] == ["<|bos|>", "<|user|>", "写", "月", "<|end|>", "<|assistant|>",
                                                    "月", "光", "<|end|>"]
     assert [t["loss"] for t in view["tokens"]] == [False] * 6 + [True] * 3
@@ -120,12 +124,14 @@ def test_the_template_view_marks_the_reply_and_its_end_as_learned(poet):
     ({"run": "poet", "messages": "写"}, "expected a list"),
     ({"run": "poet", "messages": [{"role": "poet", "content": "x"}]}, "the roles are system, user, assistant"),
     ({"run": "poet", "messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "y"}]},
-     "a system message comes first"),
-    ({"run": "poet", "messages": [{"role": "user", "content": 3}]}, "content must be text"),
-    ({"run": "poet", "messages": [{"role": ["user"], "content": "x"}]}, "the roles are system, user, assistant"),
+     "message 2 is a system message; only the first may be"),
+    ({"run": "poet", "messages": [{"role": "user", "content": 3}]}, '"content" must be text'),
+    ({"run": "poet", "messages": [{"role": ["user"], "content": "x"}]}, 'with a string "role"'),
     ({"run": "poet", "messages": [{"role": "user", "content": "\ud800"}]}, "lone surrogate"),
+    ({"run": "poet", "messages": [{"role": "user", "content": [{"type": "image"}]}]}, "only text parts"),
+    ({"run": "poet", "messages": [{"role": "user"}]}, '"content" must be text'),
     ({"run": "poet", "messages": [{"role": "user", "content": "x"}], "prompt": "y"}, "not a prompt"),
-    ({"run": "poet", "messages": [{"role": "user", "content": "x", "name": "y"}]}, '"role" and "content" alone'),
+    ({"run": "poet", "messages": [{"role": "user", "content": "x", "name": "y"}]}, 'keys besides "role" and "content"'),
     ({"run": "poet", "messages": [{"role": "assistant", "content": "x"}]}, "the last message must be the user's"),
     ({"run": "poet", "messages": [{"role": "user", "content": "x"}], "beams": 2}, "beams must be 1"),
     ({"run": "poet", "messages": [{"role": "user", "content": "床" * 60}]}, "send a shorter one"),

@@ -22,7 +22,7 @@ import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from scratchlm.errors import UserError
 from scratchlm.text.text_files import without_bom
@@ -72,12 +72,12 @@ def conversation(row: Any, where: str) -> Conversation:
         raise UserError(f"{where}: expected a JSON object with \"messages\", or with \"prompt\" and \"completion\"")
     learn_from = 0
     if row.get("messages") is not None:  # a parquet file of both forms holds nulls in the other's columns
-        messages = _messages(row["messages"], where, "messages")
+        messages = messages_of(row["messages"], where, "messages")
     elif row.get("prompt") is not None and row.get("completion") is not None:
         prompt, completion = row["prompt"], row["completion"]
-        messages = (_messages(prompt, where, "prompt") if isinstance(prompt, list) else (_text(prompt, where, "user"),))
+        messages = (messages_of(prompt, where, "prompt") if isinstance(prompt, list) else (_text(prompt, where, "user"),))
         learn_from = len(messages)
-        messages += (_messages(completion, where, "completion") if isinstance(completion, list)
+        messages += (messages_of(completion, where, "completion") if isinstance(completion, list)
                      else (_text(completion, where, "assistant"),))
     else:
         names = [repr(str(k))[:40] for k in row][:8] + (["..."] if len(row) > 8 else [])
@@ -86,10 +86,15 @@ def conversation(row: Any, where: str) -> Conversation:
     if not any(m.role == "assistant" for m in messages[learn_from:]):
         raise UserError(f"{where}: no assistant message{' in the completion' if learn_from else ''}: "
                         "a conversation needs a reply to learn from")
+    system_first(messages, where)
+    return Conversation(messages, learn_from)
+
+
+def system_first(messages: Sequence[Message], where: str) -> None:
+    """A system message comes first or not at all (the playground's chat checks this too)."""
     late = next((i for i, m in enumerate(messages) if m.role == "system" and i > 0), None)
     if late is not None:
         raise UserError(f"{where}: message {late + 1} is a system message; only the first may be")
-    return Conversation(messages, learn_from)
 
 
 def _text(value: Any, where: str, role: str) -> Message:
@@ -110,7 +115,9 @@ def unicode_text(text: str, where: str) -> str:
     return text
 
 
-def _messages(value: Any, where: str, field: str) -> tuple[Message, ...]:
+def messages_of(value: Any, where: str, field: str) -> tuple[Message, ...]:
+    """A JSON list of {"role", "content"} messages, checked (the playground's chat reads its
+    requests' messages with it too)."""
     if not isinstance(value, list) or not value:
         raise UserError(f"{where}: \"{field}\" must be a non-empty list of messages")
     out = []

@@ -10,42 +10,41 @@ template (scratchlm.text.chat), to reply to or to show.
                               row: each token's id, label, whether it is a special token of the
                               template, and whether the fine-tuning loss learns it
 
-Messages are checked as a conversations file's rows are: known roles, text content, a system
-message only first; at most MAX_MESSAGES of them, each at most the prompt's character limit.
+Messages are checked by a conversations file's own rules (data/conversations.py: known roles,
+text content, a system message only first); a request also holds at most MAX_MESSAGES of them,
+each of at most the prompt's character limit, with no keys besides "role" and "content".
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from scratchlm.data.conversations import Message, unicode_text
+from scratchlm.data.conversations import Message, messages_of, system_first
 from scratchlm.errors import UserError
 from scratchlm.generation.chat import fitted_prompt
 from scratchlm.serve.labels import id_label
-from scratchlm.text.chat import END_TOKEN, ROLE_TOKENS, ChatTemplate, has_chat_tokens
+from scratchlm.text.chat import END_TOKEN, ChatTemplate, has_chat_tokens
 
 MAX_MESSAGES = 64
 
 
 def chat_messages(value: Any, limits) -> list[Message]:
-    """The request's "messages", checked (see the module)."""
+    """The request's "messages", checked by the conversations reader's own rules (roles, text
+    content, a system message only first), besides the request's: at most MAX_MESSAGES, each
+    of at most limits.prompt_chars characters, no other keys."""
     if not isinstance(value, list) or not value:
         raise UserError('messages: expected a list of {"role", "content"} objects, one or more')
     if len(value) > MAX_MESSAGES:
         raise UserError(f"messages: at most {MAX_MESSAGES} (start a new conversation), got {len(value)}")
-    messages = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict) or set(item) != {"role", "content"}:
-            raise UserError(f'messages[{i}]: expected an object with "role" and "content" alone')
-        role, content = item["role"], item["content"]
-        if not isinstance(role, str) or role not in ROLE_TOKENS:
-            raise UserError(f"messages[{i}]: the role is {str(role)[:40]!r}; the roles are {', '.join(ROLE_TOKENS)}")
-        if role == "system" and i > 0:
-            raise UserError(f"messages[{i}]: a system message comes first, or not at all")
-        if not isinstance(content, str) or len(content) > limits.prompt_chars:
-            raise UserError(f"messages[{i}]: content must be text of at most {limits.prompt_chars:,} characters")
-        messages.append(Message(role, unicode_text(content, f"messages[{i}]")))
-    return messages
+    extra = next((i for i, m in enumerate(value, 1) if isinstance(m, dict) and set(m) - {"role", "content"}), None)
+    if extra is not None:
+        raise UserError(f'messages: message {extra} has keys besides "role" and "content"')
+    messages = messages_of(value, "the request", "messages")
+    system_first(messages, "the request")
+    long = next((i for i, m in enumerate(messages, 1) if len(m.content) > limits.prompt_chars), None)
+    if long is not None:
+        raise UserError(f"messages: message {long} is longer than {limits.prompt_chars:,} characters")
+    return list(messages)
 
 
 def template_of(loaded) -> ChatTemplate:
