@@ -108,8 +108,6 @@ def _train(preset: str, out: Path, **fields) -> dict[str, Any]:
     from scratchlm.training.train import config_from_preset, train
 
     cfg = config_from_preset(preset, out_dir=str(out), progress="quiet", **fields)
-    if fields.get("init_from"):
-        cfg.model_overrides = {k: v for k, v in cfg.model_overrides.items() if k == "block_size"}  # as the CLI does
     t0 = time.perf_counter()
     result = train(cfg)
     first = json.loads((out / "metrics.jsonl").read_text(encoding="utf-8").splitlines()[0])

@@ -193,3 +193,16 @@ def test_a_hugging_face_folders_changed_tokenizer_is_read_afresh(tmp_path):
     second = load_source(tmp_path / "hf", tmp_path / "cache")
     assert second.tokenizer_dir != first.tokenizer_dir
     assert load_tokenizer(second.tokenizer_dir).encode("cab") == [1, 3, 2]
+
+
+def test_config_from_preset_keeps_the_sources_model_as_the_command_does():
+    """Not only the command line: with init_from, config_from_preset (which the benchmarks call)
+    keeps of the preset's model fields only its context, takes the caller's --dropout and
+    --block_size, and refuses any other model field, in the command's words."""
+    from scratchlm.training.train import config_from_preset
+
+    cfg = config_from_preset("tang-poems", init_from="some-run", model_overrides={"dropout": 0.1})
+    assert cfg.model_overrides == {"block_size": 64, "dropout": 0.1}  # tang-poems' context, and the flag
+    assert config_from_preset("tang-poems").model_overrides["n_layer"] == 4  # no source: the preset's model
+    with pytest.raises(UserError, match=r"keeps the model it starts from; drop --n_embd, --n_layer \(only"):
+        config_from_preset("sft", init_from="some-run", model_overrides={"n_layer": 2, "n_embd": 64})

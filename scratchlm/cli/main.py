@@ -186,7 +186,7 @@ def _run_train(args) -> int:
     import json
 
     from scratchlm.training.train import config_from_preset, resume_config, train
-    from scratchlm.training.train_config import PRETRAIN_ONLY, SOURCE_MAY_CHANGE
+    from scratchlm.training.train_config import PRETRAIN_ONLY
 
     given = vars(args)
     train_overrides = {k[len("train."):]: v for k, v in given.items() if k.startswith("train.")}
@@ -198,17 +198,10 @@ def _run_train(args) -> int:
         if args.command_stage and cfg.stage != args.command_stage:
             raise UserError(f"{args.resume} is a {cfg.stage} run: continue it with `scratchlm train --resume "
                             f"{args.resume}`, or fine-tune it with `scratchlm sft --init_from {args.resume}`")
-    elif train_overrides.get("init_from") and set(model_overrides) - set(SOURCE_MAY_CHANGE):
-        flags = ", ".join("--" + name for name in sorted(set(model_overrides) - set(SOURCE_MAY_CHANGE)))
-        raise UserError(f"--init_from keeps the model it starts from; drop {flags} (only --dropout and --block_size "
-                        "may change)")
-    else:
+    else:  # with --init_from, config_from_preset keeps the source's model (only its context may change)
         if args.command_stage:  # `scratchlm sft`: the stage whatever the preset
             train_overrides.setdefault("stage", args.command_stage)
         cfg = config_from_preset(args.preset or args.default_preset, **train_overrides, model_overrides=model_overrides)
-        if cfg.init_from:  # the source's model: the flags' --dropout and --block_size apply, and a preset's context
-            preset_context = {k: v for k, v in cfg.model_overrides.items() if k == "block_size"}
-            cfg.model_overrides = preset_context | dict(model_overrides)
     unused = [name for name in PRETRAIN_ONLY if name in train_overrides] if cfg.stage == "sft" else []
     if unused:
         raise UserError(f"--{unused[0]} is a pre-training setting: the sft stage takes the --init_from model's "

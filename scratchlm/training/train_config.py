@@ -372,7 +372,9 @@ TRAIN_PRESETS: dict[str, dict[str, Any]] = {
 
 def config_from_preset(name: str, **overrides: Any) -> TrainConfig:
     """The training preset `name` with fields changed; model field overrides merge, not replace.
-    With `init_from` the tokenizer is the source's, so tokenizer fields given with it are refused."""
+    With `init_from` the model and tokenizer are the source's: tokenizer fields and model fields
+    other than SOURCE_MAY_CHANGE given with it are refused, and of the preset's model fields only
+    its context (block_size) applies."""
     if name not in TRAIN_PRESETS:
         raise ConfigError("preset", f"unknown training preset {name!r}; choose one of {', '.join(TRAIN_PRESETS)}")
     tokenizer_flags = sorted({"tokenizer", "vocab_size", "tokenizer_file"} & set(overrides))
@@ -381,8 +383,14 @@ def config_from_preset(name: str, **overrides: Any) -> TrainConfig:
         raise UserError(f"--init_from keeps the tokenizer of the model it starts from (the weights learned its ids); "
                         f"drop {flags}")
     values = {**TRAIN_PRESETS[name], "preset": name}
-    model_overrides = {**values.get("model_overrides", {}), **overrides.pop("model_overrides", {})}
-    return TrainConfig.from_dict({**values, **overrides, "model_overrides": model_overrides})
+    given, preset_model = overrides.pop("model_overrides", {}), values.get("model_overrides", {})
+    if overrides.get("init_from"):  # the source's model: the flags' --dropout and --block_size, the preset's context
+        changed = sorted(set(given) - set(SOURCE_MAY_CHANGE))
+        if changed:
+            raise UserError(f"--init_from keeps the model it starts from; drop {', '.join('--' + f for f in changed)} "
+                            "(only --dropout and --block_size may change)")
+        preset_model = {k: v for k, v in preset_model.items() if k == "block_size"}
+    return TrainConfig.from_dict({**values, **overrides, "model_overrides": {**preset_model, **given}})
 
 
 # --------------------------------------------------------------------------------------------
