@@ -226,8 +226,9 @@ def _wait_until(page, test, what: str) -> None:
 @NEEDS_BROWSER
 def test_the_chat_tab_withdraws_an_exchange_that_got_no_whole_reply_and_keeps_the_newest_template(poet, browser):
     """Answers the page cannot trust, played by Playwright in place of the server: Stop before any
-    answer withdraws the message (back into the box, no error); a stream that ends without its
-    done event, or with an error event, shows the error and withdraws the exchange; of two
+    answer withdraws the message (back into the box, no error), as the server's own stop before a
+    token does; a stream that ends without its done event, or with an error event, shows the
+    error and withdraws the exchange; of two
     template answers the older one, arriving last, does not replace the newer."""
     served = poet[0]
     context = browser.new_context(**SCREENS["desktop"])
@@ -267,6 +268,13 @@ def test_the_chat_tab_withdraws_an_exchange_that_got_no_whole_reply_and_keeps_th
         assert words in page.text_content("#chat-error")
         withdrawn("续写：")
         page.unroute("**/api/chat")
+
+    page.route("**/api/chat", _answer(_sse(start, ("done", {"reason": "stopped", "tokens": 0}))))
+    page.click("#chat-send")  # the server shut down before a token: withdrawn, as the page's own Stop
+    page.wait_for_selector("#chat-status[data-state=stopped]", timeout=WAIT_MS)
+    assert "the server is shutting down" in page.text_content("#chat-status")
+    withdrawn("续写：")
+    page.unroute("**/api/chat")
 
     body = _sse(start, ("token", _token(0, "月")), ("done", {"reason": "eos", "tokens": 1}))
     page.route("**/api/chat", _answer(body))

@@ -115,19 +115,19 @@ def unicode_text(text: str, where: str) -> str:
     return text
 
 
-def messages_of(value: Any, where: str, field: str) -> tuple[Message, ...]:
-    """A JSON list of {"role", "content"} messages, checked (the playground's chat reads its
-    requests' messages with it too)."""
+def messages_of(value: Any, where: str, field: str = "") -> tuple[Message, ...]:
+    """A JSON list of {"role", "content"} messages, checked; errors name `where` and the
+    `field`'s message number (the playground's chat reads its requests' messages with it too)."""
     if not isinstance(value, list) or not value:
         raise UserError(f"{where}: \"{field}\" must be a non-empty list of messages")
     out = []
     for i, m in enumerate(value, 1):
+        label = f"{where}: {field} message {i}" if field else f"{where}: message {i}"
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
-            raise UserError(f"{where}: {field} message {i} must be an object with a string \"role\" and \"content\"")
+            raise UserError(f"{label} must be an object with a string \"role\" and \"content\"")
         if m["role"] not in ROLES:
-            raise UserError(f"{where}: {field} message {i} has the role {m['role'][:40]!r}; "
-                            f"the roles are {', '.join(ROLES)}")
-        out.append(Message(m["role"], unicode_text(_content(m.get("content"), f"{where}: {field} message {i}"), where)))
+            raise UserError(f"{label} has the role {m['role'][:40]!r}; the roles are {', '.join(ROLES)}")
+        out.append(Message(m["role"], unicode_text(_content(m.get("content"), label), label)))
     return tuple(out)
 
 
@@ -138,7 +138,7 @@ def _content(content: Any, where: str) -> str:
     if isinstance(content, list) and all(isinstance(p, dict) for p in content):
         other = next((p.get("type") for p in content if p.get("type") != "text"), None)
         if other is not None:
-            raise UserError(f"{where}: holds a part of type {str(other)[:20]!r}; only text parts can be learned")
+            raise UserError(f"{where}: holds a part of type {str(other)[:20]!r}; only text parts are read")
         if all(isinstance(p.get("text"), str) for p in content):
             return "".join(p["text"] for p in content)
     raise UserError(f"{where}: \"content\" must be text or a list of text parts, got {_json_kind(content)}")

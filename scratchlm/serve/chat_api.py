@@ -39,8 +39,8 @@ def chat_messages(value: Any, limits) -> list[Message]:
     extra = next((i for i, m in enumerate(value, 1) if isinstance(m, dict) and set(m) - {"role", "content"}), None)
     if extra is not None:
         raise UserError(f'messages: message {extra} has keys besides "role" and "content"')
-    messages = messages_of(value, "the request", "messages")
-    system_first(messages, "the request")
+    messages = messages_of(value, "messages")
+    system_first(messages, "messages")
     long = next((i for i, m in enumerate(messages, 1) if len(m.content) > limits.prompt_chars), None)
     if long is not None:
         raise UserError(f"messages: message {long} is longer than {limits.prompt_chars:,} characters")

@@ -69,23 +69,35 @@ async function sendChat() {
     const response = await fetch("/api/chat", { ...postJSON(body), signal: chat.abort.signal });
     if (!response.ok) {
       const data = await response.json().catch(() => ({}));
-      throw new Error(data.error || `${response.status} ${response.statusText}`);
+      throw serverError(data.error || `${response.status} ${response.statusText}`);
     }
     chat.reader = response.body.getReader();
-    if (chat.stopped) chat.reader.cancel().catch(() => {});  // Stop came with the answer
     await readEvents(chat.reader, onChatEvent);
-    if (!chat.reply.done && !chat.stopped) throw new Error("the connection ended before the reply was over");
-    if (!chat.reply.done) endReply("stopped");
+    if (chat.reply && !chat.reply.done) {
+      if (!chat.stopped) throw new Error("the connection ended before the reply was over");
+      endReply("stopped", true);
+    }
   } catch (err) {
-    if (chat.stopped && err.name === "AbortError") endReply("stopped");
-    else withdraw(text, err instanceof TypeError ? `the server did not answer: is scratchlm serve still running? (${err.message})`
-      : err.message);
+    if (!chat.reply) {
+      // the conversation was reset meanwhile (another run chosen): nothing left to keep or withdraw
+    } else if (chat.stopped && !err.fromServer) {
+      endReply("stopped", true);  // what Stop cut short (the abort, half an event) is not an error
+    } else {
+      const n = chat.reply.tokens.length;
+      withdraw(text, !(err instanceof TypeError) ? err.message : (n ? `the connection to the server broke after ${n} `
+        + "tokens" : "the server did not answer") + `: is scratchlm serve still running? (${err.message})`);
+    }
   } finally {
     chat.reader = null;
     chat.abort = null;
     setChatRunning(false);
     if (!$("#chat-template").hidden) showTemplate();
   }
+}
+
+// An error the server sent (an error answer or event): shown even when Stop was pressed.
+function serverError(message) {
+  return Object.assign(new Error(message), { fromServer: true });
 }
 
 // An exchange with no whole reply is not part of the conversation: its bubbles go, and the
@@ -95,7 +107,10 @@ function withdraw(text, error) {
   chat.reply.node.parentElement.remove();
   $("#chat-log").lastElementChild.remove();
   chat.reply = null;
-  $("#chat-input").value = text;
+  if (!$("#chat-input").value) {  // what the person typed meanwhile stays
+    $("#chat-input").value = text;
+    fontHint(text);
+  }
   if (error) {
     showError("chat-error", error);
     chatStatus("error", "");
@@ -110,21 +125,22 @@ function onChatEvent(name, data) {
     addChatToken(data);
   } else if (name === "done") {
     endReply({ eos: "ended at <|end|>", length: "stopped at the token limit",
-      stopped: "ended early: the server is shutting down" }[data.reason] || data.reason);
+      stopped: "ended early: the server is shutting down" }[data.reason] || data.reason, data.reason === "stopped");
     return true;
   } else if (name === "error") {
-    throw new Error(data.message);
+    throw serverError(data.message);
   }
   return false;
 }
 
 // The reply so far joins the conversation (a stopped one too, as `scratchlm chat` keeps it);
-// stopped before its first token, the exchange is withdrawn.
-function endReply(why) {
+// stopped (by Stop, or by the server shutting down) before its first token, the exchange is
+// withdrawn.
+function endReply(why, early = false) {
   if (!chat.reply || chat.reply.done) return;
-  if (why === "stopped" && !chat.reply.tokens.length) {
+  if (early && !chat.reply.tokens.length) {
     withdraw(chat.messages[chat.messages.length - 1].content, "");
-    return chatStatus("stopped", "stopped before the reply began");
+    return chatStatus("stopped", `${why} before the reply began`);
   }
   chat.reply.done = true;
   chat.messages.push({ role: "assistant", content: chat.reply.text });
