@@ -6,7 +6,7 @@
 // fine-tuning loss learns.
 "use strict";
 
-const chat = { messages: [], running: false, reader: null, abort: null, reply: null, stopped: false,
+const chat = { messages: [], running: false, abort: null, reply: null, stopped: false,
   templateAsked: 0, templateAnswers: 0 };
 playground.chat = chat;  // tests read it
 
@@ -71,8 +71,7 @@ async function sendChat() {
       const data = await response.json().catch(() => ({}));
       throw serverError(data.error || `${response.status} ${response.statusText}`);
     }
-    chat.reader = response.body.getReader();
-    await readEvents(chat.reader, onChatEvent);
+    await readEvents(response.body.getReader(), onChatEvent);
     if (chat.reply && !chat.reply.done) {
       if (!chat.stopped) throw new Error("the connection ended before the reply was over");
       endReply("stopped", true);
@@ -83,12 +82,9 @@ async function sendChat() {
     } else if (chat.stopped && !err.fromServer) {
       endReply("stopped", true);  // what Stop cut short (the abort, half an event) is not an error
     } else {
-      const n = chat.reply.tokens.length;
-      withdraw(text, !(err instanceof TypeError) ? err.message : (n ? `the connection to the server broke after ${n} `
-        + "tokens" : "the server did not answer") + `: is scratchlm serve still running? (${err.message})`);
+      withdraw(text, err instanceof TypeError ? lostServer(err, chat.reply.tokens.length) : err.message);
     }
   } finally {
-    chat.reader = null;
     chat.abort = null;
     setChatRunning(false);
     if (!$("#chat-template").hidden) showTemplate();
@@ -150,8 +146,7 @@ function endReply(why, early = false) {
 function stopChat() {
   if (!chat.running) return;
   chat.stopped = true;
-  if (chat.reader) chat.reader.cancel().catch(() => {});
-  else if (chat.abort) chat.abort.abort();  // no answer yet
+  chat.abort.abort();  // the request, or the answer's stream being read
 }
 
 function resetChat() {

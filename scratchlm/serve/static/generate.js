@@ -132,9 +132,9 @@ async function drained(reader) {
   return true;
 }
 
-// The words for a request that got no answer at all, or lost its connection half-way.
-function lostServer(err) {
-  const n = playground.tokens.length;
+// The words for a request that got no answer at all, or lost its connection after n tokens
+// (the Chat tab's too).
+function lostServer(err, n = playground.tokens.length) {
   const where = n ? `the connection to the server broke after ${n} tokens` : "the server did not answer";
   return `${where}: is scratchlm serve still running? (${err.message})`;
 }
