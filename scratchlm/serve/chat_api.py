@@ -23,7 +23,7 @@ from scratchlm.data.conversations import Message, messages_of, system_first
 from scratchlm.errors import UserError
 from scratchlm.generation.chat import fitted_prompt
 from scratchlm.serve.labels import id_label
-from scratchlm.text.chat import END_TOKEN, ChatTemplate, has_chat_tokens
+from scratchlm.text.chat import END_TOKEN, TRAIN_ON, ChatTemplate, has_chat_tokens
 
 MAX_MESSAGES = 64
 
@@ -73,7 +73,7 @@ def for_chat(loaded, request, messages: list[Message]) -> None:
 
 def template_view(loaded, messages: list[Message], train_on: str) -> dict[str, Any]:
     """The conversation as `scratchlm sft` trains on it (see the module). On the model thread."""
-    if train_on not in ("assistant", "all"):  # the request's words, not the command line's --train_on
+    if train_on not in TRAIN_ON:  # the request's words, not the command line's --train_on
         raise UserError(f"train_on: expected assistant or all, got {str(train_on)[:40]!r}")
     row = template_of(loaded).render(messages, train_on)
     special = {i: piece for piece, i in loaded.tokenizer.specials.items()}

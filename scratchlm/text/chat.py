@@ -23,6 +23,7 @@ from scratchlm.errors import UserError
 ROLE_TOKENS = {"system": "<|system|>", "user": "<|user|>", "assistant": "<|assistant|>"}
 END_TOKEN = "<|end|>"
 CHAT_TOKENS = (*ROLE_TOKENS.values(), END_TOKEN)
+TRAIN_ON = ("assistant", "all")  # the replies only, or every turn
 """The special tokens the template needs, in the order a tokenizer gains them."""
 
 
@@ -68,7 +69,7 @@ class ChatTemplate:
         """The conversation's row; `train_on`="all" learns every turn's text and end, not only
         the replies (the role tokens and BOS are never targets: they are the template's). Messages
         before `learn_from` (a prompt-completion row's prompt) are never learned."""
-        if train_on not in ("assistant", "all"):
+        if train_on not in TRAIN_ON:
             raise UserError(f"--train_on must be assistant or all, got {train_on!r}")
         ids, mask = [self.bos_id], [False]
         for i, m in enumerate(messages):

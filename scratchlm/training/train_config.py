@@ -14,11 +14,11 @@ from typing import Any
 from scratchlm.errors import ConfigError, UserError
 from scratchlm.model.config import GPTConfig
 from scratchlm.records import setting_fields
+from scratchlm.text.chat import TRAIN_ON
 
 LR_SCHEDULES = ("cosine", "linear", "constant")
 WINDOWS = ("anywhere", "lines")
 STAGES = ("pretrain", "sft")
-TRAIN_ON = ("assistant", "all")
 PRETRAIN_ONLY = ("tokenizer", "vocab_size", "tokenizer_file", "windows", "eval_iters", "full_eval_windows")
 """Fields the sft stage has no use for: its tokenizer is the source's, its batches are whole
 conversations, and it evaluates every held-out one."""
